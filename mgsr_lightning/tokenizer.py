@@ -1,0 +1,53 @@
+"""Byte-level BPE tokenizers trained locally, for the embedded default and the tests.
+
+Real pairs use their own tokenizer (``AutoTokenizer.from_pretrained``); this module only exists so
+that everything can run with no hub: a GPT-2-style byte-level BPE is trained on local text with
+the ``tokenizers`` library and wrapped as a ``PreTrainedTokenizerFast`` that saves and loads like
+any Hugging Face tokenizer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import PreTrainedTokenizerFast
+
+EOS_TOKEN = "<|endoftext|>"
+PAD_TOKEN = "<|pad|>"
+
+
+def train_bpe_tokenizer(
+    texts: Iterable[str],
+    vocab_size: int = 2048,
+    save_dir: str | Path | None = None,
+    model_max_length: int = 512,
+) -> PreTrainedTokenizerFast:
+    """Train a GPT-2-style byte-level BPE on ``texts``.
+
+    The result has ``<|endoftext|>`` as BOS/EOS (as GPT-2) and a separate ``<|pad|>`` token, so that
+    padding is never confused with the end of a response. Saved with ``save_pretrained`` when
+    ``save_dir`` is given.
+    """
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOS_TOKEN, PAD_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token=EOS_TOKEN,
+        eos_token=EOS_TOKEN,
+        pad_token=PAD_TOKEN,
+        model_max_length=model_max_length,
+    )
+    if save_dir is not None:
+        fast.save_pretrained(str(save_dir))
+    return fast
