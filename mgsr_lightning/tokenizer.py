@@ -51,3 +51,37 @@ def train_bpe_tokenizer(
     if save_dir is not None:
         fast.save_pretrained(str(save_dir))
     return fast
+
+
+def load_tokenizer(name_or_path: str, gguf_file: str | None = None):
+    """``AutoTokenizer.from_pretrained`` with a clear error, and a pad token guaranteed.
+
+    Tokenizers without a pad token (GPT-2, LLaMA) pad with EOS; every batch carries explicit masks,
+    so padding is never mistaken for an end of response.
+    """
+    from transformers import AutoTokenizer
+
+    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
+    except (OSError, ValueError) as error:
+        raise OSError(
+            f"could not load a tokenizer from {name_or_path!r}: {error}\n"
+            "Give a folder written by `save_pretrained` (e.g. the one `python -m mgsr_lightning prepare-tiny` "
+            "writes) or a hub id reachable from this machine."
+        ) from error
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def token_id(tokenizer, token: str | None) -> int:
+    """Id of ``token`` (default: the tokenizer's EOS), failing clearly if it is not one token."""
+    if token is None:
+        if tokenizer.eos_token_id is None:
+            raise ValueError("the tokenizer has no EOS token; set `eos_token` to the token that ends a response")
+        return tokenizer.eos_token_id
+    index = tokenizer.convert_tokens_to_ids(token)
+    if index is None or index == tokenizer.unk_token_id:
+        raise ValueError(f"{token!r} is not a single token of this tokenizer")
+    return index

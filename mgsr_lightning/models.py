@@ -1,0 +1,146 @@
+"""Loading teacher and student causal LMs, and checking that their vocabularies can be compared.
+
+A model is given as a :class:`ModelSource`: a Hugging Face hub id or local folder (loaded with
+``from_pretrained``), optionally a GGUF file inside it, or a config dict that builds a randomly
+initialised model (tiny students, tests).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class ModelSource:
+    """Where a causal LM comes from.
+
+    Args:
+        name_or_path: Hugging Face hub id or local folder, loaded with ``from_pretrained``.
+        config: Instead of weights, a config dict with ``model_type`` (e.g. ``{model_type: gpt2,
+            n_layer: 2, n_embd: 128, n_head: 4}``); the model is randomly initialised. When
+            ``name_or_path`` is also given, its config is loaded and these keys override it.
+        gguf_file: A GGUF file inside ``name_or_path`` to load (dequantised by transformers).
+        dtype: Weight dtype: ``float32``, ``bfloat16`` or ``float16``. The frozen teacher can be
+            kept in bf16/fp16 to halve its memory while the student trains under a precision plugin.
+        revision: Hub revision (branch, tag or commit) for reproducible downloads.
+        trust_remote_code: Passed to ``from_pretrained`` for architectures outside transformers.
+        seed: Seed for the random initialisation of a config-built model.
+    """
+
+    name_or_path: str | None = None
+    config: dict[str, Any] | None = None
+    gguf_file: str | None = None
+    dtype: str = "float32"
+    revision: str | None = None
+    trust_remote_code: bool = False
+    seed: int = 0
+
+    def describe(self) -> str:
+        if self.name_or_path:
+            return self.name_or_path + (f" ({self.gguf_file})" if self.gguf_file else "")
+        return f"config {self.config}"
+
+
+def load_causal_lm(source: ModelSource, vocab_size: int | None = None) -> PreTrainedModel:
+    """Load or build the model described by ``source``.
+
+    ``vocab_size`` fills in a config-built model's vocabulary (the tokenizer's size) when its config
+    does not set one.
+    """
+    if source.dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {source.dtype!r}")
+    dtype = DTYPES[source.dtype]
+    if source.name_or_path is None and source.config is None:
+        raise ValueError("a model needs `name_or_path` (hub id or folder) or `config` (a dict with model_type)")
+    common = {"revision": source.revision, "trust_remote_code": source.trust_remote_code}
+    if source.config is None:
+        kwargs = dict(common, dtype=dtype)
+        if source.gguf_file:
+            kwargs["gguf_file"] = source.gguf_file
+        try:
+            return AutoModelForCausalLM.from_pretrained(source.name_or_path, **kwargs)
+        except OSError as error:
+            raise OSError(
+                f"could not load model {source.describe()!r}: {error}\n"
+                "Give a local folder written by `save_pretrained`, or a hub id with network access "
+                "(this run may be offline: HF_HUB_OFFLINE is set)."
+            ) from error
+    overrides = dict(source.config)
+    if source.name_or_path is not None:
+        config = AutoConfig.from_pretrained(source.name_or_path, **common)
+        for key, value in overrides.items():
+            setattr(config, key, value)
+    else:
+        if "model_type" not in overrides:
+            raise ValueError(f"a model config needs `model_type` (e.g. gpt2, opt, llama); got keys {sorted(overrides)}")
+        if vocab_size is not None:
+            overrides.setdefault("vocab_size", vocab_size)
+        config = AutoConfig.for_model(**overrides)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(source.seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return model
+
+
+def output_vocab_size(model: PreTrainedModel) -> int:
+    """Rows of the output embedding, i.e. the last dimension of the logits."""
+    return model.get_output_embeddings().weight.shape[0]
+
+
+class VocabularyMismatchError(ValueError):
+    """Teacher and student cannot be compared token by token."""
+
+
+def check_vocabularies(
+    tokenizer_size: int,
+    models: dict[str, PreTrainedModel],
+    tokenizers: dict[str, Any] | None = None,
+) -> int:
+    """Check that every model can be read through the same tokenizer and return the shared size.
+
+    Logits are compared over the first ``tokenizer_size`` entries: the real tokenizer vocabulary.
+    Families pad their embedding matrices past it (OPT 50,272 vs 50,265 tokens; Qwen 151,936 vs
+    152,064 rows between sizes); those extra rows are never produced by the tokenizer, so logits are
+    sliced to the shared size instead of failing on a shape mismatch.
+
+    Args:
+        tokenizer_size: ``len(tokenizer)`` of the tokenizer the data is encoded with.
+        models: e.g. ``{"teacher": ..., "student": ...}``.
+        tokenizers: each model's own tokenizer where it has one; their vocabularies (token → id)
+            must be identical, which is what "sharing a vocabulary" means.
+
+    Raises:
+        VocabularyMismatchError: with the sizes involved and what to do.
+    """
+    for name, model in models.items():
+        rows = output_vocab_size(model)
+        if rows < tokenizer_size:
+            raise VocabularyMismatchError(
+                f"the {name} has {rows} output rows but the tokenizer has {tokenizer_size} tokens: ids "
+                f"{rows}..{tokenizer_size - 1} would have no logit. The {name} was built for a different "
+                "(smaller) vocabulary; use the same tokenizer family for teacher and student, or resize the "
+                f"{name}'s embeddings (`model.resize_token_embeddings({tokenizer_size})`) before distilling."
+            )
+        if rows > tokenizer_size:
+            log.info("%s has %d logit rows; comparing the first %d (the tokenizer's vocabulary)", name, rows, tokenizer_size)
+    if tokenizers:
+        named = [(name, tok.get_vocab()) for name, tok in tokenizers.items() if tok is not None]
+        for (name_a, vocab_a), (name_b, vocab_b) in zip(named, named[1:]):
+            if vocab_a != vocab_b:
+                differing = sorted(set(vocab_a.items()) ^ set(vocab_b.items()), key=lambda item: item[1])
+                examples = ", ".join(f"{token!r}→{index}" for token, index in differing[:5])
+                raise VocabularyMismatchError(
+                    f"the {name_a} and {name_b} tokenizers differ ({len(vocab_a)} vs {len(vocab_b)} tokens, "
+                    f"{len(differing)} (token, id) pairs not shared, e.g. {examples}). Token-level distillation "
+                    "compares distributions id by id, so both models must use the same vocabulary."
+                )
+    return tokenizer_size
