@@ -1,0 +1,328 @@
+"""Student rollouts: batched, KV-cached sampling from a causal LM into one shared sequence layout.
+
+Every model forward in the package (teacher scoring, student training, SCRG re-generation) sees a
+rollout through ``Rollout.model_inputs()``:
+
+    input_ids       [B, P+R]   pad … pad  prompt  response  pad … pad
+    attention_mask  [B, P+R]   0 … 0      1 … 1   1 … 1     0 … 0
+    position_ids    [B, P+R]   0 … 0      0 1 2 …            (cumsum of the mask − 1, clamped at 0)
+
+Prompts are left-padded and responses right-padded, so each row's real tokens are contiguous and
+its positions start at 0 whatever the padding; that is what makes a row's result independent of the
+batch it is in.
+
+``sample`` is our own decode loop over a Hugging Face ``DynamicCache`` rather than
+``model.generate``, for two things ``generate`` does not offer: one ``torch.Generator`` per row (so a
+row's sample depends only on its own seed) and a per-row length cap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class SamplingConfig:
+    """Sampling for student rollouts and evaluation (defaults = DistiLLM/MiniLLM: T=1, top_k=0 (off), top_p=1).
+
+    Args:
+        do_sample: sample from the (filtered) distribution; False = greedy argmax.
+        temperature: logits are divided by it before top-k/top-p (sampling only).
+        top_k: keep the k most likely tokens (ties at the k-th logit are kept); 0 = off.
+        top_p: keep the smallest set of most likely tokens whose mass reaches top_p; 1 = off.
+        max_new_tokens: most response tokens per row (the EOS that ends a response included).
+    """
+
+    do_sample: bool = True
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+
+    def __post_init__(self) -> None:
+        if self.do_sample and self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0 when sampling, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1] (1 = off), got {self.top_p}")
+        if self.max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+
+
+@dataclass
+class Rollout:
+    """Prompts with generated responses, in one layout that every model forward uses.
+
+    prompt_ids [B,P] left-padded with pad id; prompt_mask [B,P] bool;
+    response_ids [B,R] right-padded with pad id; response_mask [B,R] bool, True on real response
+    tokens incl. the EOS that ended the response.
+    """
+
+    prompt_ids: Tensor
+    prompt_mask: Tensor
+    response_ids: Tensor
+    response_mask: Tensor
+
+    @classmethod
+    def from_token_lists(
+        cls,
+        prompts: Sequence[Sequence[int]],
+        responses: Sequence[Sequence[int]],
+        *,
+        pad_token_id: int,
+        device: torch.device | str | None = None,
+    ) -> Rollout:
+        """Build the padded layout from per-row token lists (prompts left-padded, responses right-padded)."""
+        if len(prompts) != len(responses):
+            raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
+        prompt_width = max((len(p) for p in prompts), default=0)
+        response_width = max((len(r) for r in responses), default=0)
+        batch_size = len(prompts)
+        prompt_ids = torch.full((batch_size, prompt_width), pad_token_id, dtype=torch.long)
+        prompt_mask = torch.zeros(batch_size, prompt_width, dtype=torch.bool)
+        response_ids = torch.full((batch_size, response_width), pad_token_id, dtype=torch.long)
+        response_mask = torch.zeros(batch_size, response_width, dtype=torch.bool)
+        for row, (prompt, response) in enumerate(zip(prompts, responses)):
+            if prompt:
+                prompt_ids[row, prompt_width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
+                prompt_mask[row, prompt_width - len(prompt):] = True
+            if response:
+                response_ids[row, : len(response)] = torch.tensor(response, dtype=torch.long)
+                response_mask[row, : len(response)] = True
+        return cls(prompt_ids, prompt_mask, response_ids, response_mask).to(device)
+
+    def to_token_lists(self) -> tuple[list[list[int]], list[list[int]]]:
+        """(prompts, responses) as lists of real token ids per row, padding removed."""
+        prompts = [ids[mask].tolist() for ids, mask in zip(self.prompt_ids.cpu(), self.prompt_mask.cpu())]
+        responses = [ids[mask].tolist() for ids, mask in zip(self.response_ids.cpu(), self.response_mask.cpu())]
+        return prompts, responses
+
+    @property
+    def batch_size(self) -> int:
+        return self.prompt_ids.size(0)
+
+    @property
+    def device(self) -> torch.device:
+        return self.prompt_ids.device
+
+    def prompt_lengths(self) -> Tensor:
+        """[B] long: real prompt tokens per row."""
+        return self.prompt_mask.sum(-1)
+
+    def response_lengths(self) -> Tensor:
+        """[B] long: real response tokens per row (the ending EOS included)."""
+        return self.response_mask.sum(-1)
+
+    def to(self, device: torch.device | str | None) -> Rollout:
+        tensors = (self.prompt_ids, self.prompt_mask, self.response_ids, self.response_mask)
+        return Rollout(*(tensor.to(device) for tensor in tensors))
+
+    def select(self, rows: Tensor) -> Rollout:
+        """The rollout of the given rows (an index [N] or a bool mask [B]), padding widths kept."""
+        return Rollout(self.prompt_ids[rows], self.prompt_mask[rows], self.response_ids[rows], self.response_mask[rows])
+
+    def model_inputs(self) -> dict[str, Tensor]:
+        """input_ids, attention_mask (long) and position_ids, each [B, P+R]."""
+        attention_mask = torch.cat([self.prompt_mask, self.response_mask], dim=1)
+        return {
+            "input_ids": torch.cat([self.prompt_ids, self.response_ids], dim=1),
+            "attention_mask": attention_mask.long(),
+            "position_ids": positions_from_mask(attention_mask),
+        }
+
+    def labels(self) -> Tensor:
+        """[B, P+R]: response token ids where response_mask, else -100 (HF convention: the caller shifts)."""
+        response_labels = self.response_ids.masked_fill(~self.response_mask, IGNORE_INDEX)
+        prompt_labels = torch.full_like(self.prompt_ids, IGNORE_INDEX)
+        return torch.cat([prompt_labels, response_labels], dim=1)
+
+    def align_to_response(self, logits: Tensor) -> Tensor:
+        """Logits over ``model_inputs()`` [B, P+R, V] → [B, R, V], where [:, r] predicts response_ids[:, r].
+
+        The prediction of response token r sits one step earlier, at column P-1+r; the last prompt
+        column is always a real token because prompts are left-padded and non-empty.
+        """
+        prompt_width, response_width = self.prompt_ids.size(1), self.response_ids.size(1)
+        if prompt_width == 0:
+            raise ValueError("a rollout needs at least one prompt token per row to predict its response")
+        return logits[:, prompt_width - 1 : prompt_width - 1 + response_width]
+
+
+def positions_from_mask(attention_mask: Tensor) -> Tensor:
+    """[B, L] mask → [B, L] long positions: 0 at each row's first real token, left padding held at 0."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
+
+
+def pack_tokens(ids: Tensor, mask: Tensor, *, pad_token_id: int, side: str) -> tuple[Tensor, Tensor]:
+    """Move each row's real tokens (``mask`` True) to the ``side`` ("left"/"right") end, in order.
+
+    ``ids``/``mask`` [B, L] may have padding anywhere (e.g. a left-padded prompt followed by a
+    right-padded response). Returns ``(ids, mask)`` [B, L'] with pad id elsewhere and the columns
+    that are padding in every row dropped, i.e. the layout of ``Rollout.prompt_ids`` for
+    side="left" and of ``Rollout.response_ids`` for side="right".
+    """
+    if side not in ("left", "right"):
+        raise ValueError(f"side must be 'left' or 'right', got {side!r}")
+    # A stable sort on "is padding" (right) or "is real" (left) moves the tokens without reordering them.
+    sort_key = mask.long() if side == "left" else (~mask).long()
+    order = torch.sort(sort_key, dim=1, stable=True).indices
+    packed_mask = mask.gather(1, order)
+    packed_ids = ids.gather(1, order).masked_fill(~packed_mask, pad_token_id)
+    width = int(mask.sum(-1).max()) if mask.numel() else 0
+    if side == "left":
+        return packed_ids[:, packed_ids.size(1) - width :], packed_mask[:, packed_mask.size(1) - width :]
+    return packed_ids[:, :width], packed_mask[:, :width]
+
+
+@contextlib.contextmanager
+def eval_mode(*models: nn.Module) -> Iterator[None]:
+    """Switch models to eval mode (dropout off) and restore each one's train/eval flag on exit."""
+    previous = [model.training for model in models]
+    for model in models:
+        model.eval()
+    try:
+        yield
+    finally:
+        for model, was_training in zip(models, previous):
+            model.train(was_training)
+
+
+def filter_logits(logits: Tensor, config: SamplingConfig) -> Tensor:
+    """Temperature, then top-k, then top-p on [N, V] logits, as HF's warpers; removed tokens get -inf."""
+    logits = logits / config.temperature
+    if config.top_k > 0:
+        kth_largest = logits.topk(min(config.top_k, logits.size(-1)), dim=-1).values[..., -1:]  # [N, 1]
+        logits = logits.masked_fill(logits < kth_largest, float("-inf"))
+    if config.top_p < 1.0:
+        sorted_logits, sorted_index = logits.sort(dim=-1, descending=True)
+        sorted_probs = sorted_logits.softmax(-1)
+        # A token is kept while the mass strictly before it is below top_p, so the top-1 always stays.
+        mass_before = sorted_probs.cumsum(-1) - sorted_probs
+        remove_sorted = mass_before >= config.top_p
+        remove_sorted[..., 0] = False
+        remove = remove_sorted.scatter(-1, sorted_index, remove_sorted)
+        logits = logits.masked_fill(remove, float("-inf"))
+    return logits
+
+
+def choose_tokens(
+    logits: Tensor, config: SamplingConfig, generators: Sequence[torch.Generator] | None = None
+) -> Tensor:
+    """Next token per row from [N, V] logits: greedy, or a draw from the filtered distribution.
+
+    With ``generators`` (one per row) row i draws only from ``generators[i]``; otherwise from the
+    global torch RNG.
+    """
+    if not config.do_sample:
+        return logits.argmax(-1)
+    probs = filter_logits(logits.float(), config).softmax(-1)  # [N, V]
+    if generators is None:
+        return torch.multinomial(probs, 1).squeeze(-1)
+    return torch.cat([torch.multinomial(row_probs, 1, generator=g) for row_probs, g in zip(probs, generators)])
+
+
+def token_id_tensor(token_ids: int | Sequence[int], device: torch.device) -> Tensor:
+    """[K] long: one id or several (e.g. a model with more than one end-of-turn token), for ``torch.isin``."""
+    return torch.as_tensor([token_ids] if isinstance(token_ids, int) else list(token_ids), device=device)
+
+
+def row_generators(seeds: Tensor, device: torch.device) -> list[torch.Generator]:
+    """One ``torch.Generator`` on ``device`` per row, seeded from ``seeds`` [B] int64."""
+    return [torch.Generator(device=device).manual_seed(int(seed)) for seed in seeds.tolist()]
+
+
+@torch.no_grad()
+def sample(
+    model: nn.Module,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    config: SamplingConfig,
+    *,
+    eos_token_id: int | Sequence[int],
+    pad_token_id: int,
+    seeds: Tensor | None = None,
+    vocab_size: int | None = None,
+    max_length: int | Tensor | None = None,
+) -> Rollout:
+    """Sample a response per prompt with a KV cache: one prefill over the prompts, then one token per step.
+
+    Args:
+        model: a Hugging Face causal LM (GPT-2, OPT, LLaMA, ...); run in eval mode, its mode restored after.
+        prompt_ids: [B, P] left-padded with ``pad_token_id``; every row needs >= 1 real token.
+        prompt_mask: [B, P] bool, True on real prompt tokens.
+        config: greedy or sampling, temperature, top-k, top-p, max_new_tokens.
+        eos_token_id: id(s) that end a response; the EOS is kept in the response and masked True.
+        pad_token_id: fills the response after a row ends.
+        seeds: [B] int64; row i then draws only from a generator seeded with seeds[i], so its
+            sample does not depend on the other rows or on its padding. None: global torch RNG.
+        vocab_size: logits are cut to [..., :vocab_size] so padded embedding rows are never sampled.
+        max_length: cap on prompt real length + response length, an int or one per row [B].
+
+    Runs under ``torch.no_grad`` (not ``inference_mode``), so the ids can feed a forward with grad.
+
+    Returns:
+        A ``Rollout`` with the given prompts and responses [B, R], R = the number of decode steps run.
+    """
+    device = prompt_ids.device
+    prompt_mask = prompt_mask.bool()
+    prompt_lengths = prompt_mask.sum(-1)  # [B]
+    if bool((prompt_lengths == 0).any()):
+        raise ValueError("every prompt needs at least one real token")
+    eos_ids = token_id_tensor(eos_token_id, device)
+    generators = row_generators(seeds, device) if seeds is not None else None
+
+    budgets = torch.full_like(prompt_lengths, config.max_new_tokens)  # [B] most response tokens per row
+    if max_length is not None:
+        budgets = torch.minimum(budgets, torch.as_tensor(max_length, device=device) - prompt_lengths).clamp_min(0)
+    done = budgets == 0  # [B]
+    max_steps = int(budgets.max()) if budgets.numel() else 0
+
+    response_tokens: list[Tensor] = []  # per step: [B]
+    response_real: list[Tensor] = []  # per step: [B] bool
+    with eval_mode(model):
+        # The first step is the prefill over the whole prompt; later steps feed one token per row.
+        input_ids, attention_mask = prompt_ids, prompt_mask.long()
+        positions = positions_from_mask(prompt_mask)  # [B, P]
+        cache = None
+        for step in range(max_steps):
+            outputs = model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=positions,
+                cache=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            cache = outputs.cache
+            logits = outputs.logits[:, -1, :vocab_size]  # [B, V]
+            active = (~done).nonzero().squeeze(-1)  # only live rows draw, so a row's RNG stream is its own
+            tokens = torch.full_like(prompt_lengths, pad_token_id)
+            active_generators = [generators[i] for i in active.tolist()] if generators is not None else None
+            tokens[active] = choose_tokens(logits[active], config, active_generators)
+            response_tokens.append(tokens)
+            response_real.append(~done)
+            done = done | torch.isin(tokens, eos_ids) | (step + 1 >= budgets)
+            if bool(done.all()):
+                break
+            input_ids = tokens[:, None]  # [B, 1]
+            attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], dim=1)
+            # Left padding keeps each row's last column real, so its next position is one past it.
+            # Finished rows keep theirs: their outputs are discarded, and a position past the end of
+            # a short row's max_length could overflow a model's position table while others go on.
+            positions = positions[:, -1:] + (~done).long()[:, None]  # [B, 1]
+
+    if response_tokens:
+        response_ids = torch.stack(response_tokens, dim=1)  # [B, R]
+        response_mask = torch.stack(response_real, dim=1)
+    else:
+        response_ids = prompt_ids.new_empty(prompt_ids.size(0), 0)
+        response_mask = prompt_mask.new_empty(prompt_ids.size(0), 0)
+    return Rollout(prompt_ids, prompt_mask, response_ids, response_mask)

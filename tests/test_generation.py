@@ -1,0 +1,314 @@
+"""Student rollouts: the shared Rollout layout and the KV-cached sampler, on tiny real GPT-2/OPT/LLaMA models."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import build_tiny_model
+from torch import nn
+
+from mgsr_lightning.generation import (
+    Rollout,
+    SamplingConfig,
+    choose_tokens,
+    filter_logits,
+    pack_tokens,
+    sample,
+)
+
+EOS, PAD = 0, 1
+VOCAB = 400
+GREEDY = SamplingConfig(do_sample=False, max_new_tokens=8)
+IDS = dict(eos_token_id=EOS, pad_token_id=PAD)
+
+
+def sharpened(model: nn.Module, scale: float = 5.0) -> nn.Module:
+    """Scale every weight matrix, so a random tiny model's next token depends on its context.
+
+    At init a tied GPT-2 only repeats its last token, which would make any comparison of decoders
+    trivially pass.
+    """
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() == 2:
+                parameter.mul_(scale)
+    return model
+
+
+def with_output_bias(model: nn.Module, bias: torch.Tensor) -> nn.Module:
+    """Replace the LM head by an untied copy of it that adds ``bias`` [V] to every logit."""
+    weight = model.get_output_embeddings().weight
+    head = nn.Linear(weight.size(1), weight.size(0), bias=True)
+    with torch.no_grad():
+        head.weight.copy_(weight)
+        head.bias.copy_(bias)
+    model.config.tie_word_embeddings = False
+    model.lm_head = head
+    return model
+
+
+def positional_gpt2(logit_table: torch.Tensor, hidden: int = 32) -> nn.Module:
+    """A real tiny GPT-2 whose next-token logits at absolute position t are ``logit_table[t]``, whatever the tokens.
+
+    Token embeddings and both sublayers' output projections are zeroed, so the final hidden state at
+    position t is ln_f(wpe[t]). With the zero-mean, mutually orthogonal rows wpe[t] = e_2t − e_2t+1,
+    an lm_head of W = Σ_t logit_table[t] ⊗ h_t / |h_t|² gives back logit_table[t] exactly (positions
+    past the table get all-zero logits). It makes errors, EOS and length edges land where a test
+    says, and any shift of positions by padding visible.
+
+    Args:
+        logit_table: [T, V] with T <= hidden // 2.
+    """
+    n_positions, vocab_size = logit_table.shape
+    assert n_positions <= hidden // 2
+    model = build_tiny_model("gpt2", vocab_size, n_layer=1, hidden=hidden)
+    with torch.no_grad():
+        model.transformer.wte.weight.zero_()
+        for block in model.transformer.h:
+            for projection in (block.attn.c_proj, block.mlp.c_proj):
+                projection.weight.zero_()
+                projection.bias.zero_()
+        position_embeddings = torch.zeros_like(model.transformer.wpe.weight)  # [max_positions, d]
+        steps = torch.arange(n_positions)
+        position_embeddings[steps, 2 * steps] = 1.0
+        position_embeddings[steps, 2 * steps + 1] = -1.0
+        model.transformer.wpe.weight.copy_(position_embeddings)
+        final_hidden = model.transformer.ln_f(position_embeddings[:n_positions])  # [T, d], orthogonal rows
+        head = nn.Linear(hidden, vocab_size, bias=False)
+        head.weight.copy_(logit_table.T @ (final_hidden / final_hidden.pow(2).sum(-1, keepdim=True)))  # [V, d]
+    model.config.tie_word_embeddings = False
+    model.lm_head = head
+    return model
+
+
+def peaked_table(tokens_by_position: list[int], strength: float = 30.0, vocab_size: int = VOCAB) -> torch.Tensor:
+    """[T, V] logits that put almost all mass on ``tokens_by_position[t]`` at position t."""
+    table = torch.zeros(len(tokens_by_position), vocab_size)
+    table[torch.arange(len(tokens_by_position)), torch.tensor(tokens_by_position)] = strength
+    return table
+
+
+def left_padded(prompts: list[list[int]], extra_padding: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, P] prompt ids and mask, with ``extra_padding`` more pad columns than needed."""
+    rollout = Rollout.from_token_lists(prompts, [[] for _ in prompts], pad_token_id=PAD)
+    pad = torch.full((len(prompts), extra_padding), PAD)
+    ids = torch.cat([pad, rollout.prompt_ids], dim=1)
+    mask = torch.cat([pad != PAD, rollout.prompt_mask], dim=1)
+    return ids, mask
+
+
+PROMPTS = [[5, 17, 42], [8, 9, 10, 11, 12, 13], [99]]
+
+
+# ---------------------------------------------------------------- the Rollout layout
+
+
+def test_rollout_layout_positions_labels_and_alignment():
+    rollout = Rollout.from_token_lists([[5, 6], [7]], [[20, 0], [21, 22, 23]], pad_token_id=PAD)
+
+    inputs = rollout.model_inputs()
+    assert inputs["input_ids"].tolist() == [[5, 6, 20, 0, PAD], [PAD, 7, 21, 22, 23]]
+    assert inputs["attention_mask"].tolist() == [[1, 1, 1, 1, 0], [0, 1, 1, 1, 1]]
+    assert inputs["position_ids"].tolist() == [[0, 1, 2, 3, 3], [0, 0, 1, 2, 3]]
+    assert rollout.labels().tolist() == [[-100, -100, 20, 0, -100], [-100, -100, 21, 22, 23]]
+    assert rollout.prompt_lengths().tolist() == [2, 1]
+    assert rollout.response_lengths().tolist() == [2, 3]
+    assert rollout.to_token_lists() == ([[5, 6], [7]], [[20, 0], [21, 22, 23]])
+
+    # Column P-1+r of the full logits predicts response token r.
+    logits = torch.arange(5.0)[None, :, None].expand(2, 5, 1)
+    assert rollout.align_to_response(logits)[0, :, 0].tolist() == [1.0, 2.0, 3.0]
+
+    assert rollout.select(torch.tensor([1])).to_token_lists() == ([[7]], [[21, 22, 23]])
+
+
+def test_pack_tokens_moves_real_tokens_in_order_and_trims():
+    ids = torch.tensor([[PAD, 5, 6, 30, PAD], [PAD, PAD, 7, PAD, 31]])
+    mask = ids != PAD
+
+    left_ids, left_mask = pack_tokens(ids, mask, pad_token_id=PAD, side="left")
+    assert left_ids.tolist() == [[5, 6, 30], [PAD, 7, 31]]
+    assert left_mask.tolist() == [[True, True, True], [False, True, True]]
+
+    right_ids, right_mask = pack_tokens(ids, mask, pad_token_id=PAD, side="right")
+    assert right_ids.tolist() == [[5, 6, 30], [7, 31, PAD]]
+    assert right_mask.tolist() == [[True, True, True], [True, True, False]]
+
+
+# ---------------------------------------------------------------- decoding
+
+
+@pytest.mark.parametrize("family", ["gpt2", "opt", "llama"])
+def test_greedy_matches_hf_generate_with_left_padding(family):
+    model = sharpened(build_tiny_model(family, VOCAB, n_layer=1))
+    prompt_ids, prompt_mask = left_padded(PROMPTS)
+
+    rollout = sample(model, prompt_ids, prompt_mask, GREEDY, **IDS)
+    reference = model.generate(
+        input_ids=prompt_ids,
+        attention_mask=prompt_mask.long(),
+        do_sample=False,
+        max_new_tokens=GREEDY.max_new_tokens,
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+    )
+
+    assert torch.equal(rollout.response_ids, reference[:, prompt_ids.size(1) :])
+    assert torch.equal(rollout.prompt_ids, prompt_ids)
+    assert rollout.response_mask.all()  # no EOS in 8 greedy steps of these models: every row runs to the cap
+
+
+def test_row_seeds_make_each_row_independent_of_batch_and_padding():
+    model = sharpened(build_tiny_model("llama", VOCAB, n_layer=1))
+    config = SamplingConfig(max_new_tokens=10)
+    seeds = torch.tensor([11, 22, 33])
+
+    batched = sample(model, *left_padded(PROMPTS), config, **IDS, seeds=seeds)
+    _, batched_responses = batched.to_token_lists()
+
+    reversed_batch = sample(model, *left_padded(PROMPTS[::-1]), config, **IDS, seeds=seeds.flip(0))
+    assert reversed_batch.to_token_lists()[1] == batched_responses[::-1]
+    for row, prompt in enumerate(PROMPTS):
+        prompt_ids, prompt_mask = left_padded([prompt], extra_padding=3)
+        alone = sample(model, prompt_ids, prompt_mask, config, **IDS, seeds=seeds[row : row + 1])
+        assert alone.to_token_lists()[1] == [batched_responses[row]]
+
+    other_seed = sample(model, *left_padded(PROMPTS[:1]), config, **IDS, seeds=seeds[:1] + 1)
+    assert other_seed.to_token_lists()[1] != batched_responses[:1]
+
+
+def test_without_seeds_the_global_rng_drives_sampling():
+    model = sharpened(build_tiny_model("opt", VOCAB, n_layer=1))
+    config = SamplingConfig(max_new_tokens=10)
+
+    torch.manual_seed(7)
+    first = sample(model, *left_padded(PROMPTS), config, **IDS)
+    torch.manual_seed(7)
+    again = sample(model, *left_padded(PROMPTS), config, **IDS)
+    torch.manual_seed(8)
+    other = sample(model, *left_padded(PROMPTS), config, **IDS)
+
+    assert torch.equal(first.response_ids, again.response_ids)
+    assert not torch.equal(first.response_ids, other.response_ids)
+
+
+def test_eos_ends_each_row_and_is_kept():
+    # Position 4 predicts EOS, every other position token 7: a row whose prompt has n real tokens
+    # predicts its response token r at position n-1+r, so it ends with its (6-n)-th response token.
+    model = positional_gpt2(peaked_table([7, 7, 7, 7, EOS, 7, 7, 7]))
+    prompt_ids, prompt_mask = left_padded([[5, 6], [5, 6, 7, 8]], extra_padding=1)
+
+    config = SamplingConfig(max_new_tokens=12)
+    rollout = sample(model, prompt_ids, prompt_mask, config, **IDS, seeds=torch.tensor([0, 1]))
+
+    assert rollout.response_ids.tolist() == [[7, 7, 7, EOS], [7, EOS, PAD, PAD]]
+    assert rollout.response_mask.tolist() == [[True] * 4, [True, True, False, False]]
+
+
+def test_max_new_tokens_and_max_length_cap_each_row():
+    model = positional_gpt2(peaked_table([7] * 16))  # never EOS
+    prompts = [[5, 6], [5, 6, 7, 8], [5, 6, 7, 8, 9, 10, 11]]
+    config = SamplingConfig(max_new_tokens=5)
+
+    uncapped = sample(model, *left_padded(prompts), config, **IDS)
+    assert uncapped.response_lengths().tolist() == [5, 5, 5]
+
+    capped = sample(model, *left_padded(prompts), config, **IDS, max_length=6)
+    assert capped.response_lengths().tolist() == [4, 2, 0]  # prompt + response <= 6; a longer prompt gets nothing
+    assert capped.to_token_lists()[1] == [[7] * 4, [7] * 2, []]
+
+    per_row = sample(model, *left_padded(prompts), config, **IDS, max_length=torch.tensor([3, 9, 8]))
+    assert per_row.response_lengths().tolist() == [1, 5, 1]
+
+
+def test_padded_vocabulary_rows_are_never_sampled():
+    # Embedding rows 300..399 stand for a padded vocabulary; a large bias makes the model prefer them.
+    bias = torch.zeros(VOCAB)
+    bias[300:] = 100.0
+    model = with_output_bias(build_tiny_model("gpt2", VOCAB, n_layer=1), bias)
+    config = SamplingConfig(max_new_tokens=10)
+    kwargs = dict(**IDS, seeds=torch.tensor([1, 2, 3]))
+
+    unsliced = sample(model, *left_padded(PROMPTS), config, **kwargs)
+    sliced = sample(model, *left_padded(PROMPTS), config, vocab_size=300, **kwargs)
+
+    assert (unsliced.response_ids >= 300).all()
+    assert (sliced.response_ids < 300).all()
+    assert sliced.response_mask.all()
+
+
+def test_top_k_one_and_tiny_top_p_sample_the_greedy_tokens():
+    model = sharpened(build_tiny_model("gpt2", VOCAB, n_layer=1))
+    prompt_ids, prompt_mask = left_padded(PROMPTS)
+    kwargs = dict(**IDS, seeds=torch.tensor([4, 5, 6]))
+
+    greedy = sample(model, prompt_ids, prompt_mask, GREEDY, **kwargs)
+    top_k_one = sample(model, prompt_ids, prompt_mask, SamplingConfig(top_k=1, max_new_tokens=8), **kwargs)
+    tiny_top_p = sample(model, prompt_ids, prompt_mask, SamplingConfig(top_p=1e-6, max_new_tokens=8), **kwargs)
+    full = sample(model, prompt_ids, prompt_mask, SamplingConfig(max_new_tokens=8), **kwargs)
+
+    assert torch.equal(top_k_one.response_ids, greedy.response_ids)
+    assert torch.equal(tiny_top_p.response_ids, greedy.response_ids)
+    assert not torch.equal(full.response_ids, greedy.response_ids)
+
+
+def test_filter_logits_temperature_top_k_top_p():
+    logits = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0]])
+    assert torch.allclose(filter_logits(logits, SamplingConfig(temperature=2.0)), logits / 2)
+    top_two = filter_logits(logits, SamplingConfig(top_k=2))
+    assert top_two[0, :2].tolist() == [4.0, 3.0] and torch.isinf(top_two[0, 2:]).all()
+
+    probs = torch.tensor([[0.05, 0.5, 0.15, 0.3]])
+    # top_p keeps the fewest most likely tokens whose mass reaches top_p: 0.5 + 0.3 >= 0.75.
+    kept = torch.isfinite(filter_logits(probs.log(), SamplingConfig(top_p=0.75)))
+    assert kept.tolist() == [[False, True, False, True]]
+    kept = torch.isfinite(filter_logits(probs.log(), SamplingConfig(top_p=0.85)))
+    assert kept.tolist() == [[False, True, True, True]]
+
+
+def test_top_k_sampling_draws_only_among_the_k_best():
+    logits = torch.tensor([0.0, 2.0, 1.0, 1.5, -1.0]).expand(2000, 5)
+    draws = choose_tokens(logits, SamplingConfig(top_k=2))
+    assert set(draws.tolist()) == {1, 3}
+
+
+def test_sampling_config_rejects_invalid_values():
+    for bad in (dict(temperature=0.0), dict(top_k=-1), dict(top_p=0.0), dict(top_p=1.5), dict(max_new_tokens=-1)):
+        with pytest.raises(ValueError):
+            SamplingConfig(**bad)
+
+
+# ---------------------------------------------------------------- use of the rollout for training
+
+
+def test_rollout_feeds_a_student_forward_with_grad():
+    # Ids made under torch.inference_mode() would raise "Inference tensors cannot be saved for backward" here.
+    student = build_tiny_model("gpt2", VOCAB, n_layer=1)
+    rollout = sample(student, *left_padded(PROMPTS), SamplingConfig(max_new_tokens=6), **IDS)
+    assert not rollout.response_ids.is_inference()
+
+    student.train()
+    logits = student(**rollout.model_inputs()).logits  # [B, P+R, V]
+    labels = rollout.labels()
+    loss = nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
+    loss.backward()
+    assert student.lm_head.weight.grad is not None and student.lm_head.weight.grad.abs().sum() > 0
+
+
+def test_sampling_runs_without_dropout_and_restores_train_mode():
+    model = sharpened(build_tiny_model("gpt2", VOCAB, n_layer=1))
+    prompt_ids, prompt_mask = left_padded(PROMPTS)
+    in_eval = sample(model, prompt_ids, prompt_mask, GREEDY, **IDS)
+
+    model.train()  # GPT-2's dropout (p = 0.1) would change the greedy tokens if it stayed on
+    in_train = sample(model, prompt_ids, prompt_mask, GREEDY, **IDS)
+
+    assert model.training
+    assert torch.equal(in_train.response_ids, in_eval.response_ids)
+
+
+def test_empty_prompt_is_rejected():
+    model = build_tiny_model("gpt2", VOCAB, n_layer=1)
+    prompt_ids, prompt_mask = left_padded([[5, 6], []])
+    with pytest.raises(ValueError, match="at least one real token"):
+        sample(model, prompt_ids, prompt_mask, GREEDY, **IDS)

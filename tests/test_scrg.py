@@ -1,0 +1,428 @@
+"""SCRG: error-position scoring on hand-made tensors, and revision with tiny real GPT-2 pairs.
+
+The controlled tests use ``positional_gpt2`` pairs (next-token logits fixed per absolute position),
+so every error position, teacher token and length edge is known in advance. The invariance tests
+(batch vs row, padding, "the suffix is the student's") use ordinary random tiny models.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import build_tiny_model
+from test_generation import (
+    EOS,
+    IDS,
+    PAD,
+    PROMPTS,
+    VOCAB,
+    left_padded,
+    peaked_table,
+    positional_gpt2,
+    sharpened,
+    with_output_bias,
+)
+
+from mgsr_lightning.generation import Rollout, SamplingConfig, row_generators, sample
+from mgsr_lightning.scrg import ScrgConfig, derive_seeds, find_error_positions, revise
+
+
+def kl_float64(p_logits: torch.Tensor, q_logits: torch.Tensor) -> torch.Tensor:
+    """KL(p‖q) over the last dim, in float64."""
+    log_p, log_q = p_logits.double().log_softmax(-1), q_logits.double().log_softmax(-1)
+    return (log_p.exp() * (log_p - log_q)).sum(-1)
+
+
+def jsd_float64(p_logits: torch.Tensor, q_logits: torch.Tensor) -> torch.Tensor:
+    p, q = p_logits.double().softmax(-1), q_logits.double().softmax(-1)
+    mixture_log = (0.5 * (p + q)).log()
+    return 0.5 * (p * (p.log() - mixture_log)).sum(-1) + 0.5 * (q * (q.log() - mixture_log)).sum(-1)
+
+
+# ---------------------------------------------------------------- find_error_positions on hand-made tensors
+
+
+def test_error_is_the_largest_difference_among_mismatched_positions():
+    # Row 0, V = 3: position 0 agrees (teacher argmax 0 = token 0) but has the largest KL; positions 1
+    # and 2 disagree, with KL ≈ 0.78 and ≈ 1.14, so the error is position 2 and the teacher token 1.
+    # Row 1: the response is the teacher's argmax everywhere. Row 2: its only mismatch is padding.
+    teacher = torch.tensor([[[5.0, 0, 0], [0, 0, 2], [0, 3, 0]]] * 3)
+    student = torch.tensor([[[0.0, 0, 5], [0, 1, 0], [0, 0, 1]]] * 3)
+    response_ids = torch.tensor([[0, 1, 2], [0, 2, 1], [0, 2, 2]])
+    response_mask = torch.tensor([[True, True, True], [True, True, True], [True, True, False]])
+
+    errors = find_error_positions(teacher, student, response_ids, response_mask)
+
+    assert errors.has_error.tolist() == [True, False, False]
+    assert errors.positions.tolist() == [2, 0, 0]
+    assert errors.teacher_tokens[0].item() == 1
+    reference = kl_float64(teacher, student)  # [3, 3]
+    assert torch.allclose(errors.scores[0].double(), reference[0], atol=1e-5)
+    assert errors.scores[0].argmax().item() == 0  # the matched position is not chosen despite scoring highest
+
+
+def test_start_excludes_earlier_positions_and_ties_go_to_the_earliest():
+    teacher = torch.tensor([[[0.0, 4], [0, 4], [0, 4], [0, 4]]])  # argmax 1 everywhere
+    student = torch.zeros(1, 4, 2)
+    response_ids = torch.zeros(1, 4, dtype=torch.long)  # mismatched everywhere, equal differences
+    response_mask = torch.ones(1, 4, dtype=torch.bool)
+
+    assert find_error_positions(teacher, student, response_ids, response_mask).positions.item() == 0
+    later = find_error_positions(teacher, student, response_ids, response_mask, start=torch.tensor([2]))
+    assert later.positions.item() == 2
+    none_left = find_error_positions(teacher, student, response_ids, response_mask, start=torch.tensor([4]))
+    assert not none_left.has_error.item() and none_left.positions.item() == 0
+
+
+@pytest.mark.parametrize(
+    ("difference", "reference"),
+    [
+        ("forward_kl", lambda t, s: kl_float64(t, s)),
+        ("reverse_kl", lambda t, s: kl_float64(s, t)),
+        ("jsd", jsd_float64),
+    ],
+)
+def test_difference_switch_uses_the_named_divergence(difference, reference):
+    teacher, student = torch.randn(2, 5, 7), torch.randn(2, 5, 7)
+    response_ids = torch.randint(7, (2, 5))
+    response_mask = torch.tensor([[True] * 5, [True, True, True, False, False]])
+
+    errors = find_error_positions(teacher, student, response_ids, response_mask, difference=difference)
+
+    expected = reference(teacher, student)  # [2, 5]
+    assert torch.allclose(errors.scores.double()[response_mask], expected[response_mask], atol=1e-5)
+    for row in range(2):  # the chosen position, recomputed by a plain loop
+        candidates = [
+            r for r in range(5) if response_mask[row, r] and teacher[row, r].argmax() != response_ids[row, r]
+        ]
+        assert errors.has_error[row].item() == bool(candidates)
+        if candidates:
+            assert errors.positions[row].item() == max(candidates, key=lambda r: expected[row, r].item())
+
+
+def test_sampled_teacher_tokens_use_per_row_generators():
+    # Flat teacher logits, so sampled tokens vary; row 1 has 3 real positions.
+    teacher, student = 0.1 * torch.randn(2, 6, 50), torch.randn(2, 6, 50)
+    response_ids = torch.randint(50, (2, 6))
+    response_mask = torch.tensor([[True] * 6, [True, True, True, False, False, False]])
+    seeds = torch.tensor([5, 9])
+
+    def pick(rows: slice, width: int, row_seeds: torch.Tensor):
+        return find_error_positions(
+            teacher[rows, :width],
+            student[rows, :width],
+            response_ids[rows, :width],
+            response_mask[rows, :width],
+            teacher_token="sample",
+            generator=row_generators(row_seeds, torch.device("cpu")),
+        )
+
+    batched = pick(slice(0, 2), 6, seeds)
+    alone = pick(slice(1, 2), 3, seeds[1:])  # narrower batch: only the row's real positions
+    assert batched.positions[1] == alone.positions[0]
+    assert batched.teacher_tokens[1] == alone.teacher_tokens[0]
+    assert batched.has_error[1] == alone.has_error[0]
+    assert torch.equal(pick(slice(0, 2), 6, seeds).teacher_tokens, batched.teacher_tokens)
+
+    draws = {tuple(pick(slice(0, 1), 6, torch.tensor([s])).teacher_tokens.tolist()) for s in range(20)}
+    assert len(draws) > 1  # different seeds, different teacher samples
+
+    # A teacher that is certain is always sampled as its argmax.
+    certain = teacher.clone()
+    certain[..., 7] = 50.0
+    one_generator = torch.Generator().manual_seed(5)  # a single generator for the whole batch
+    sampled = find_error_positions(
+        certain, student, response_ids, response_mask, teacher_token="sample", generator=one_generator
+    )
+    assert (sampled.teacher_tokens[sampled.has_error] == 7).all()
+
+
+def test_vocabulary_mismatch_is_a_clear_error():
+    with pytest.raises(ValueError, match="vocab"):
+        find_error_positions(
+            torch.zeros(1, 2, 10),
+            torch.zeros(1, 2, 12),
+            torch.zeros(1, 2, dtype=torch.long),
+            torch.ones(1, 2, dtype=torch.bool),
+        )
+
+
+def test_config_rejects_unknown_choices():
+    for bad in (dict(n_corrections=-1), dict(difference="tvd"), dict(teacher_token="beam")):
+        with pytest.raises(ValueError):
+            ScrgConfig(**bad)
+
+
+# ---------------------------------------------------------------- revise with positional GPT-2 pairs
+#
+# The prompt [5, 6] puts response token r at position 1 + r. The student puts almost all its mass on
+# token 20 + t at position t, so its rollout (and anything it re-generates) is 21, 22, 23, ...
+# The teacher agrees with it except at the positions a test overrides.
+
+PROMPT = [5, 6]
+STUDENT_ROLLOUT = [21 + r for r in range(8)]
+STUDENT_TABLE = peaked_table([20 + t for t in range(16)], strength=20.0)
+EIGHT_TOKENS = SamplingConfig(max_new_tokens=8)
+
+
+def disagreeing(rollout_token: int, teacher_token: int, margin: float) -> torch.Tensor:
+    """A teacher row splitting its mass between the rollout token and its own (preferred by ``margin``).
+
+    The larger the margin, the larger the KL to the near-certain student: 0.1 → 9.8, 0.5 → 11.7, 1 → 14.0.
+    """
+    row = torch.zeros(VOCAB)
+    row[rollout_token], row[teacher_token] = 15.0, 15.0 + margin
+    return row
+
+
+def agreeing_but_spread(rollout_token: int) -> torch.Tensor:
+    """A teacher row whose argmax is the rollout token but whose mass is spread over 100 others (KL ≈ 15.2)."""
+    row = torch.zeros(VOCAB)
+    row[100:200], row[rollout_token] = 9.9, 10.0
+    return row
+
+
+def positional_pair(teacher_rows: dict[int, torch.Tensor]):
+    """(student, teacher): the teacher's table is the student's with ``teacher_rows`` {response index: row}."""
+    table = STUDENT_TABLE.clone()
+    for response_index, row in teacher_rows.items():
+        table[1 + response_index] = row
+    return positional_gpt2(STUDENT_TABLE), positional_gpt2(table)
+
+
+# Response index: 1 disagrees (KL ≈ 11.7), 2 agrees with the largest KL (≈ 15.2), 4 disagrees the
+# most (≈ 14.0), 6 disagrees the least (≈ 9.8).
+MAIN_TEACHER_ROWS = {
+    1: disagreeing(22, 60, 0.5),
+    2: agreeing_but_spread(23),
+    4: disagreeing(25, 50, 1.0),
+    6: disagreeing(27, 70, 0.1),
+}
+
+
+def run_revise(student, teacher, rollout, config=ScrgConfig(), sampling=EIGHT_TOKENS, **kwargs):
+    """``revise`` with the tests' EOS/pad ids and, unless given, one seed per row."""
+    kwargs.setdefault("seeds", torch.arange(rollout.batch_size))
+    return revise(student, teacher, rollout, config, sampling, **IDS, **kwargs)
+
+
+def responses(result) -> list[list[int]]:
+    return result.rollout.to_token_lists()[1]
+
+
+def score(student, teacher, rollout: Rollout):
+    """``find_error_positions`` on one teacher and one student forward over the rollout, as in round 1 of ``revise``."""
+    inputs = rollout.model_inputs()
+    return find_error_positions(
+        rollout.align_to_response(teacher(**inputs).logits),
+        rollout.align_to_response(student(**inputs).logits),
+        rollout.response_ids,
+        rollout.response_mask,
+    )
+
+
+def test_corrects_the_mismatch_with_the_largest_difference():
+    student, teacher = positional_pair(MAIN_TEACHER_ROWS)
+    rollout = Rollout.from_token_lists([PROMPT], [STUDENT_ROLLOUT], pad_token_id=PAD)
+
+    scores = score(student, teacher, rollout).scores[0]
+    assert scores.argmax().item() == 2  # the agreeing position scores highest, but is no candidate
+    assert scores[[1, 2, 4, 6]].tolist() == pytest.approx([11.7, 15.2, 14.0, 9.8], abs=0.1)
+
+    result = run_revise(student, teacher, rollout)
+
+    # Prefix kept, teacher token 50 at position 4, the rest re-generated by the student.
+    assert responses(result) == [[21, 22, 23, 24, 50, 26, 27, 28]]
+    assert result.rollout.to_token_lists()[0] == [PROMPT]
+    assert result.stats["corrected_fraction"] == 1.0
+    assert result.stats["mean_error_position"] == 4.0
+    assert result.stats["mean_regenerated_tokens"] == 3.0
+    assert result.stats["seconds"] > 0
+    assert result.teacher_logits is None  # the final sequence was never scored
+
+
+def test_second_correction_comes_after_the_first():
+    student, teacher = positional_pair(MAIN_TEACHER_ROWS)
+    rollout = Rollout.from_token_lists([PROMPT], [STUDENT_ROLLOUT], pad_token_id=PAD)
+
+    two = run_revise(student, teacher, rollout, ScrgConfig(n_corrections=2))
+    # Position 1 disagrees with a larger KL than position 6, but lies before the first correction.
+    assert responses(two) == [[21, 22, 23, 24, 50, 26, 70, 28]]
+    assert two.stats["mean_error_position"] == 5.0  # (4 + 6) / 2
+    assert two.stats["mean_regenerated_tokens"] == 4.0  # 3 after position 4, then 1 after position 6
+
+    # A third round finds nothing after position 6, so the teacher logits it computed are the final ones.
+    three = run_revise(student, teacher, rollout, ScrgConfig(n_corrections=3))
+    assert responses(three) == responses(two)
+    assert torch.equal(three.teacher_logits, teacher(**three.rollout.model_inputs()).logits)
+
+
+def test_left_padding_and_batch_company_do_not_change_the_result():
+    student, teacher = positional_pair(MAIN_TEACHER_ROWS)
+    # Row 1's longer prompt shifts its positions by 2: its response index r sits at position 3 + r,
+    # so its only mismatch (teacher token 50 at position 5) is at response index 2.
+    prompts, rollouts = [PROMPT, [5, 6, 7, 8]], [STUDENT_ROLLOUT, [23 + r for r in range(6)]]
+    batch = Rollout.from_token_lists(prompts, rollouts, pad_token_id=PAD)
+
+    batched = run_revise(student, teacher, batch, seeds=torch.tensor([3, 4]))
+
+    assert responses(batched) == [[21, 22, 23, 24, 50, 26, 27, 28], [23, 24, 50, 26, 27, 28, 29, 30]]
+    for row in range(2):
+        prompt_ids, prompt_mask = left_padded([prompts[row]], extra_padding=4)
+        alone = Rollout(prompt_ids, prompt_mask, batch.response_ids[row : row + 1], batch.response_mask[row : row + 1])
+        revised_alone = run_revise(student, teacher, alone, seeds=torch.tensor([3 + row]))
+        assert responses(revised_alone) == [responses(batched)[row]]
+
+
+def test_rows_without_a_mismatch_are_untouched():
+    student, teacher = positional_pair(MAIN_TEACHER_ROWS)
+    teacher_argmax_response = [21, 60, 23, 24, 50, 26, 70, 28]
+    batch = Rollout.from_token_lists([PROMPT, PROMPT], [STUDENT_ROLLOUT, teacher_argmax_response], pad_token_id=PAD)
+
+    mixed = run_revise(student, teacher, batch)
+    assert responses(mixed)[1] == teacher_argmax_response
+    assert mixed.rollout.response_mask[1].all()
+    assert mixed.stats["corrected_fraction"] == 0.5
+    assert mixed.teacher_logits is None
+
+    clean = batch.select(torch.tensor([1]))
+    untouched = run_revise(student, teacher, clean)
+    assert untouched.rollout is clean  # bit for bit: the very same tensors
+    assert torch.equal(untouched.teacher_logits, teacher(**clean.model_inputs()).logits)
+    assert untouched.stats["corrected_fraction"] == 0.0 and untouched.stats["mean_error_position"] == 0.0
+
+
+def test_teacher_eos_ends_the_row():
+    student, teacher = positional_pair({4: disagreeing(25, EOS, 1.0)})
+    rollout = Rollout.from_token_lists([PROMPT], [STUDENT_ROLLOUT], pad_token_id=PAD)
+
+    result = run_revise(student, teacher, rollout)
+
+    assert responses(result) == [[21, 22, 23, 24, EOS]]
+    assert result.rollout.response_ids.shape == (1, 5)
+    assert result.stats["mean_regenerated_tokens"] == 0.0
+
+
+def test_student_eos_can_be_the_error():
+    # The student stopped at response index 5; the teacher would have gone on with token 80.
+    student, teacher = positional_pair({5: disagreeing(EOS, 80, 1.0), 2: disagreeing(23, 60, 0.1)})
+    rollout = Rollout.from_token_lists([PROMPT], [[21, 22, 23, 24, 25, EOS]], pad_token_id=PAD)
+
+    result = run_revise(student, teacher, rollout)
+
+    assert responses(result) == [[21, 22, 23, 24, 25, 80, 27, 28]]  # continued up to the 8-token budget
+
+
+def test_length_budget_limits_the_regeneration():
+    student, teacher = positional_pair(MAIN_TEACHER_ROWS)
+
+    # The error is the last token allowed by max_new_tokens: corrected, nothing re-generated.
+    five = Rollout.from_token_lists([PROMPT], [STUDENT_ROLLOUT[:5]], pad_token_id=PAD)
+    at_cap = run_revise(student, teacher, five, sampling=SamplingConfig(max_new_tokens=5))
+    assert responses(at_cap) == [[21, 22, 23, 24, 50]]
+    assert at_cap.stats["corrected_fraction"] == 1.0 and at_cap.stats["mean_regenerated_tokens"] == 0.0
+
+    # max_length = 8 leaves 6 response tokens after the 2-token prompt: one re-generated after position 4.
+    full = Rollout.from_token_lists([PROMPT], [STUDENT_ROLLOUT], pad_token_id=PAD)
+    capped = run_revise(student, teacher, full, max_length=8)
+    assert responses(capped) == [[21, 22, 23, 24, 50, 26]]
+
+
+def test_zero_corrections_is_a_no_op():
+    student, teacher = positional_pair(MAIN_TEACHER_ROWS)
+    rollout = Rollout.from_token_lists([PROMPT], [STUDENT_ROLLOUT], pad_token_id=PAD)
+    result = run_revise(student, teacher, rollout, ScrgConfig(n_corrections=0))
+    assert result.rollout is rollout and result.teacher_logits is None
+    assert result.stats["corrected_fraction"] == 0.0
+
+
+def test_empty_responses_are_left_alone_and_modes_restored():
+    student, teacher = positional_pair(MAIN_TEACHER_ROWS)
+    student.train()
+    rollout = Rollout.from_token_lists([PROMPT, [5]], [[], []], pad_token_id=PAD)  # e.g. a zero length budget
+
+    result = run_revise(student, teacher, rollout)
+
+    assert result.rollout is rollout
+    assert result.teacher_logits.shape == (2, 2, VOCAB)
+    assert student.training and not teacher.training
+
+
+# ---------------------------------------------------------------- revise with random tiny GPT-2 pairs
+
+
+@pytest.fixture
+def random_pair():
+    """(student, teacher): random tiny GPT-2s (1 and 2 layers, d = 32), sharpened so their tokens depend on context."""
+    student = sharpened(build_tiny_model("gpt2", VOCAB, seed=2, n_layer=1))
+    teacher = sharpened(build_tiny_model("gpt2", VOCAB, seed=1, n_layer=2))
+    return student, teacher
+
+
+def student_rollout(student, prompts, seeds, max_new_tokens=8, extra_padding=0) -> Rollout:
+    config = SamplingConfig(max_new_tokens=max_new_tokens)
+    return sample(student, *left_padded(prompts, extra_padding), config, **IDS, seeds=seeds)
+
+
+def test_suffix_is_what_the_student_samples_after_the_corrected_prefix(random_pair):
+    student, teacher = random_pair
+    seeds = torch.tensor([10, 20, 30])
+    rollout = student_rollout(student, PROMPTS, seeds)
+    errors = score(student, teacher, rollout)
+    assert errors.has_error.all()
+
+    result = run_revise(student, teacher, rollout, seeds=seeds)
+
+    prompts, original = rollout.to_token_lists()
+    regeneration_seeds = derive_seeds(seeds, 0, "regenerate")
+    for row, revised in enumerate(responses(result)):
+        j, teacher_token = errors.positions[row].item(), errors.teacher_tokens[row].item()
+        assert revised[:j] == original[row][:j]
+        assert revised[j] == teacher_token
+        if teacher_token == EOS:
+            assert len(revised) == j + 1
+            continue
+        continuation = sample(
+            student,
+            *left_padded([prompts[row] + revised[: j + 1]]),
+            EIGHT_TOKENS,
+            **IDS,
+            seeds=regeneration_seeds[row : row + 1],
+            max_length=len(prompts[row]) + EIGHT_TOKENS.max_new_tokens,
+        )
+        assert revised[j + 1 :] == continuation.to_token_lists()[1][0]
+        assert len(revised) <= EIGHT_TOKENS.max_new_tokens
+
+
+@pytest.mark.parametrize("teacher_token", ["argmax", "sample"])
+def test_batched_equals_row_by_row_with_any_padding(random_pair, teacher_token):
+    student, teacher = random_pair
+    seeds = torch.tensor([7, 8, 9])
+    config = ScrgConfig(n_corrections=2, teacher_token=teacher_token)
+
+    batched = run_revise(student, teacher, student_rollout(student, PROMPTS, seeds), config, seeds=seeds)
+    assert batched.stats["corrected_fraction"] > 0
+
+    for row, prompt in enumerate(PROMPTS):
+        row_seeds = seeds[row : row + 1]
+        alone = student_rollout(student, [prompt], row_seeds, extra_padding=5)
+        assert responses(run_revise(student, teacher, alone, config, seeds=row_seeds)) == [responses(batched)[row]]
+
+
+def test_padded_vocabulary_is_cut_before_scoring(random_pair):
+    student, _ = random_pair
+    # A teacher whose argmax is always in the padded rows 300..399: without the cut it would write them.
+    bias = torch.zeros(VOCAB)
+    bias[300:] = 100.0
+    teacher = with_output_bias(build_tiny_model("gpt2", VOCAB, seed=1, n_layer=2), bias)
+    seeds = torch.tensor([1, 2, 3])
+    rollout = sample(
+        student, *left_padded(PROMPTS), EIGHT_TOKENS, **IDS, seeds=seeds, vocab_size=300
+    )
+
+    uncut = run_revise(student, teacher, rollout, seeds=seeds)
+    cut = run_revise(student, teacher, rollout, seeds=seeds, vocab_size=300)
+
+    assert (uncut.rollout.response_ids >= 300).any()
+    assert cut.stats["corrected_fraction"] > 0
+    assert (cut.rollout.response_ids[cut.rollout.response_mask] < 300).all()
