@@ -1,0 +1,89 @@
+"""Wall-clock cost of DAC-KL against forward_kl on V = 50,257: forward + backward, and forward alone.
+
+    python experiments/bench_dac_kl_cost.py                       # 512 positions, bf16 logits, CPU
+    python experiments/bench_dac_kl_cost.py --tokens 8192 --device cuda
+
+DAC-KL does what forward_kl does (two log-softmaxes and a KL over V) plus one sort of each [chunk, V]
+block (O(V log V) per row, with an int64 index block), a gather of the student at the sorted
+indices, ClipNet on the top-k, and about ten more [chunk, V] elementwise passes for the band. The
+script times each loss on the same logits and prints the median of ``--repeats`` runs after one
+warm-up, and the ratio to forward_kl with the same chunking. The ratios are the figure to read: on
+CPU the absolute times move with the machine's load and include the kernel's page faults, since
+torch's CPU allocator maps fresh pages for every large block (half the wall time on a 2-core VM).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from mgsr_lightning.losses import ClipNet, dac_kl, forward_kl
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tokens", type=int, default=512, help="B·T, the compared positions")
+    parser.add_argument("--batch", type=int, default=8, help="B (T = tokens / B)")
+    parser.add_argument("--vocab", type=int, default=50257, help="V")
+    parser.add_argument("--chunk-size", type=int, default=512, help="positions per chunk for the chunked rows")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    return parser.parse_args(argv)
+
+
+def median_seconds(step, repeats: int, device: torch.device) -> float:
+    step()  # warm-up
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    dtype = getattr(torch, args.dtype)
+    length = args.tokens // args.batch
+    generator = torch.Generator(device=device).manual_seed(0)
+    student = (torch.randn(args.batch, length, args.vocab, generator=generator, device=device) * 3).to(dtype).requires_grad_(True)
+    teacher = (torch.randn(args.batch, length, args.vocab, generator=generator, device=device) * 3).to(dtype)
+    clip_net = ClipNet().to(device)
+    losses = {
+        "forward_kl": lambda chunk_size: forward_kl(student, teacher, chunk_size=chunk_size),
+        "dac_kl fixed": lambda chunk_size: dac_kl(student, teacher, mode="fixed", chunk_size=chunk_size)[0],
+        "dac_kl learned": lambda chunk_size: dac_kl(student, teacher, clip_net=clip_net, chunk_size=chunk_size)[0],
+    }
+    print(
+        f"B·T = {args.tokens:,}, V = {args.vocab:,}, {args.dtype} logits, device = {args.device}, "
+        f"torch threads = {torch.get_num_threads()}; median of {args.repeats} after a warm-up"
+    )
+    print(f"{'loss':<16}{'chunk_size':>11}{'fwd+bwd s':>11}{'ratio':>8}{'fwd s':>9}{'ratio':>8}")
+    for chunk_size in (None, args.chunk_size):
+        baseline = None
+        for name, loss in losses.items():
+
+            def train_step():
+                student.grad = None
+                loss(chunk_size).backward()
+
+            def forward_only():
+                with torch.no_grad():
+                    loss(chunk_size)
+
+            train, forward = median_seconds(train_step, args.repeats, device), median_seconds(forward_only, args.repeats, device)
+            baseline = baseline or (train, forward)
+            print(f"{name:<16}{str(chunk_size):>11}{train:>11.2f}{train / baseline[0]:>8.2f}{forward:>9.2f}{forward / baseline[1]:>8.2f}")
+
+
+if __name__ == "__main__":
+    main()

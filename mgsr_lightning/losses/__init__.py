@@ -1,0 +1,33 @@
+"""Distillation losses as pure functions of aligned logits.
+
+Each loss is ``fn(student_logits [B, T, V], teacher_logits [B, T, V], mask [B, T] | None = None, *,
+temperature=1.0, reduction="mean", chunk_size=None, **params)``; see ``divergences`` for the shared
+conventions. ``DIVERGENCES`` maps each baseline's config name to its function.
+"""
+
+from mgsr_lightning.losses.dac_kl import ClipNet, dac_kl
+from mgsr_lightning.losses.divergences import (
+    DIVERGENCES,
+    forward_kl,
+    generalized_jsd,
+    reverse_kl,
+    skew_forward_kl,
+    skew_reverse_kl,
+    symmetric_kl,
+    total_variation,
+)
+from mgsr_lightning.losses.span_correlation import span_correlation_loss
+
+__all__ = [
+    "DIVERGENCES",
+    "ClipNet",
+    "dac_kl",
+    "forward_kl",
+    "generalized_jsd",
+    "reverse_kl",
+    "skew_forward_kl",
+    "skew_reverse_kl",
+    "span_correlation_loss",
+    "symmetric_kl",
+    "total_variation",
+]

@@ -1,0 +1,236 @@
+"""DAC-KL, MGSR's token-level loss (distribution-adaptive clipping KL), and ClipNet, its learnable
+sub-network ``f_sub`` (paper.md §3, §8.7–8.8).
+
+At each compared position, with ``p = softmax(z_teacher / τ)`` and ``q = softmax(z_student / τ)``:
+
+    π = argsort(p, descending)                 the only sort: one per [chunk, V] block
+    p_(k) = p[π_k],  q_(k) = q[π_k]            the student gathered at the teacher's order, k = 1..V
+    c_k = Σ_{r<k} p_(r)                        band coordinate: exclusive cumulative teacher mass
+    (l, u) = ClipNet(p_(·))  or  fixed_bounds  0 ≤ l < u ≤ 1
+    m_k = σ((c_k − l)/β) · σ((u − c_k)/β)      soft band, differentiable in l and u
+    w_1 = 1 (the target class, the teacher's top-1),  w_k = m_k for k ≥ 2
+    t_k = w_k p_(k),  s_k = w_k q_(k)          clipped teacher and student vectors
+    normalize:  t ← t / Σt,  s ← s / Σs        (default on; off is the paper's Eq. 8 as reported)
+    L_DAC = Σ_k t_k (log t_k − log s_k)
+
+The band ``c ∈ [l, u]`` is a contiguous block of the sorted teacher distribution: ``l > 0`` drops
+the dominant head (which the target class adds back), ``u < 1`` drops the long tail. The alternative
+reading, ``band="value_quantile"``, puts the band on the quantile level of each probability value
+among the V' non-padded entries instead, ``c_k = (V' − k)/(V' − 1)`` (1 for the top-1, 0 for the
+smallest), so that ``[l, u]`` keeps the entries whose value lies between the l- and u-quantiles.
+
+Anti-collapse guard (paper.md §3.3; not in the paper). ClipNet minimises the same loss as the
+student, and shrinking the band lowers it: with normalisation an empty band leaves t = s = e_1 and
+L_DAC = 0. The guard acts on ClipNet only and is on by default:
+
+    kept = Σ_{k≥2} m_k p_(k) / Σ_{k≥2} p_(k)     share of the clippable (non-target) teacher mass in the band
+    coverage_penalty = relu(ρ_min − kept)        the loss gets + λ_cov · coverage_penalty
+    at positions with kept < ρ_min the band enters L_DAC detached: there the bounds answer to the penalty only
+    bound clamps: l ∈ (0, l_max), u ∈ (max(l, u_min), 1), built into ClipNet's parametrisation
+
+Why this shape (measured by optimising ClipNet alone on fixed random logits, V = 64):
+- ``kept`` is a share, not an absolute mass, so the floor can be met at confident positions too
+  (with p_(1) = 0.9 no band holds 0.5 of the absolute mass outside the target class).
+- A hinge, not a squared hinge: a squared hinge has zero slope at the floor and settles below it.
+- ClipNet is shared by all positions, so the positions above the floor keep pulling the shared
+  weights towards smaller bands. With λ_cov = 1 that pull won on peaked teachers (logit scale 3-5,
+  L_DAC ≈ 2-6 nats) and kept fell to 0.23-0.38; detaching the band below the floor plus
+  λ_cov = 10 held it (0.54-0.55 after 150 Adam steps). Raise λ_cov if the logged ``kept_mass``
+  sits below ``rho_min``.
+- Clamps as hard ``clamp()`` calls would zero the gradient outside the range, so a bound that had
+  crossed a clamp could never be pushed back by the penalty; ClipNet's parametrisation keeps the
+  ranges with non-zero gradients everywhere (``ClipNet(u_min=0)`` removes the u clamp).
+
+Cost. One ``torch.sort`` of each [n, V] block (O(V log V) per row, plus an int64 index block twice
+the size of a float32 block), one gather of the student at the sorted indices, and about ten more
+[n, V] elementwise passes than forward KL for the band. Measured on CPU at V = 50,257
+(``experiments/bench_dac_kl_cost.py``): forward + backward about 4-5 times ``forward_kl``, the sort
+about a fifth of it. Memory: about 25 float32 [n, V] blocks live at once, so the unchunked path
+needs ~24·P·V·4 bytes (≈ 38 GiB at P = 8,192) and real vocabularies want ``chunk_size`` (≈ 2.5 GiB
+at 512; ``experiments/bench_loss_memory.py``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from mgsr_lightning.losses._common import check_inputs, kl_terms, log_softmax_pair, reduce_positions
+
+MODES = ("learned", "fixed")
+BANDS = ("mass", "value_quantile")
+DIAGNOSTICS = ("kl", "coverage_penalty", "lower", "upper", "kept_mass")
+
+
+class ClipNet(nn.Module):
+    """``f_sub``: predicts the band ``(lower, upper)`` of each teacher distribution (paper.md §3.2, §8.8).
+
+    Input: the teacher's probabilities sorted in descending order, [n, V]. Features: the top-k
+    (zero-padded when V < k) and the tail mass beyond them, [n, k + 1]. Then
+    ``Linear(k + 1, hidden) → GELU → Linear(hidden, 2) → (a, b)`` and
+
+        lower = l_max · σ(a) ∈ (0, l_max)
+        upper = f + (1 − f) · σ(b) ∈ (f, 1),  f = max(lower, u_min)
+
+    so ``lower < upper`` by construction, and the bound clamps of the anti-collapse guard
+    (``l < l_max``, ``u > u_min``) hold with non-zero gradients everywhere. The output layer starts
+    with zero weights and a bias that gives ``init_bounds``, so an untrained ClipNet is the fixed
+    band ``init_bounds`` at every position. Train it jointly with the student in its own optimizer
+    parameter group (its own learning rate, e.g. 1e-3, no weight decay).
+    """
+
+    def __init__(
+        self,
+        k: int = 256,
+        hidden: int = 256,
+        l_max: float = 0.5,
+        u_min: float = 0.6,
+        init_bounds: tuple[float, float] = (0.02, 0.9),
+    ):
+        super().__init__()
+        lower, upper = init_bounds
+        if not (0 < l_max < 1 and 0 <= u_min < 1):
+            raise ValueError(f"l_max must be in (0, 1) and u_min in [0, 1), got l_max={l_max}, u_min={u_min}")
+        if not (0 < lower < l_max and max(lower, u_min) < upper < 1):
+            raise ValueError(
+                f"init_bounds must satisfy 0 < lower < l_max = {l_max} and max(lower, u_min = {u_min}) < upper < 1, "
+                f"got {init_bounds}"
+            )
+        self.k = k
+        self.l_max = l_max
+        self.u_min = u_min
+        self.mlp = nn.Sequential(nn.Linear(k + 1, hidden), nn.GELU(), nn.Linear(hidden, 2))
+        output = self.mlp[-1]
+        nn.init.zeros_(output.weight)
+        with torch.no_grad():
+            upper_floor = max(lower, u_min)
+            output.bias.copy_(torch.tensor([_logit(lower / l_max), _logit((upper - upper_floor) / (1 - upper_floor))]))
+
+    def forward(self, sorted_teacher_probs: Tensor) -> tuple[Tensor, Tensor]:
+        """sorted_teacher_probs [n, V] (descending) -> (lower [n], upper [n]) in its dtype."""
+        top = sorted_teacher_probs[:, : self.k]  # [n, min(k, V)]
+        tail = sorted_teacher_probs[:, self.k :].sum(-1, keepdim=True)  # [n, 1]
+        features = torch.cat([F.pad(top, (0, self.k - top.size(-1))), tail], dim=-1)  # [n, k + 1]
+        a, b = self.mlp(features.to(self.mlp[0].weight.dtype)).to(sorted_teacher_probs.dtype).unbind(-1)
+        lower = self.l_max * torch.sigmoid(a)
+        upper_floor = lower.clamp(min=self.u_min)
+        upper = upper_floor + (1 - upper_floor) * torch.sigmoid(b)
+        return lower, upper
+
+
+def _logit(x: float) -> float:
+    return math.log(x / (1 - x))
+
+
+def dac_kl(
+    student_logits: Tensor,
+    teacher_logits: Tensor,
+    mask: Tensor | None = None,
+    *,
+    clip_net: ClipNet | None = None,
+    temperature: float = 1.0,
+    reduction: str = "mean",
+    mode: str = "learned",
+    fixed_bounds: tuple[float, float] = (0.0, 0.9),
+    beta: float = 0.02,
+    normalize: bool = True,
+    band: str = "mass",
+    target_class: bool = True,
+    rho_min: float = 0.5,
+    lam_cov: float = 10.0,
+    chunk_size: int | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """DAC-KL between teacher and student at the compared positions (formulas in the module docstring).
+
+    Args:
+        student_logits, teacher_logits: [B, T, V], aligned position by position.
+        mask: [B, T] bool, the compared (response) positions; None compares all.
+        clip_net: the ClipNet predicting ``(l, u)`` per position; required when ``mode="learned"``.
+        temperature: τ, dividing both logits before the softmax.
+        reduction: "mean" over compared positions, "sum", or "none" ([B, T], zeros outside the mask).
+        mode: "learned" (ClipNet's bounds) or "fixed" (``fixed_bounds`` everywhere; the paper's
+            Appendix D.1 baseline). The default fixed band (0, 0.9) is the top-0.9 nucleus.
+        beta: softness of the band edges, in units of the band coordinate.
+        normalize: renormalise the clipped vectors to sum to 1 before the KL (default). With False
+            the per-position value can be negative (paper's Eq. 8 as reported).
+        band: "mass" (cumulative teacher mass, default) or "value_quantile" (see module docstring).
+        target_class: keep the teacher's top-1 with weight 1 whatever the band (the paper's
+            "target class"); with False the top-1 is in or out of the band like any other entry.
+        rho_min, lam_cov: the coverage floor on ``kept_mass`` and the weight of its hinge penalty
+            (learned mode only; ``lam_cov=0`` or ``rho_min=0`` turns the coverage guard off). The
+            bound clamps are ClipNet's own ranges (``l_max``, ``u_min``).
+        chunk_size: positions per chunk, bounding the extra memory to O(chunk_size·V) (about 25
+            float32 [chunk_size, V] blocks); set it for real vocabularies (see Cost above).
+
+    Returns:
+        ``(loss, diagnostics)``: loss is L_DAC plus ``lam_cov · coverage_penalty`` in learned mode,
+        reduced per ``reduction``. diagnostics holds detached means over compared positions:
+        ``kl`` (L_DAC alone), ``coverage_penalty``, ``lower``, ``upper`` and ``kept_mass`` (the
+        share of non-target teacher mass in the band). Log them every step.
+    """
+    check_inputs(student_logits, teacher_logits, mask, temperature, reduction, chunk_size)
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if band not in BANDS:
+        raise ValueError(f"band must be one of {BANDS}, got {band!r}")
+    if beta <= 0:
+        raise ValueError(f"beta must be > 0, got {beta}")
+    if mode == "learned" and clip_net is None:
+        raise ValueError('mode="learned" needs a clip_net (a ClipNet); use mode="fixed" for constant bounds')
+    if mode == "fixed" and clip_net is not None:
+        raise ValueError('mode="fixed" uses fixed_bounds; pass clip_net=None (or use mode="learned")')
+    if mode == "fixed" and not 0 <= fixed_bounds[0] < fixed_bounds[1] <= 1:
+        raise ValueError(f"fixed_bounds must satisfy 0 <= lower < upper <= 1, got {fixed_bounds}")
+    learned = mode == "learned"
+    guarded = learned and lam_cov > 0 and rho_min > 0
+
+    def row_fn(student_rows: Tensor, teacher_rows: Tensor) -> Tensor:  # [n, V], [n, V] -> [n, 1 + 5]
+        student_log_probs, teacher_log_probs = log_softmax_pair(student_rows, teacher_rows, temperature)
+        teacher_sorted, order = teacher_log_probs.sort(dim=-1, descending=True)  # [n, V], [n, V] int64
+        student_sorted = student_log_probs.gather(-1, order)  # [n, V]
+        teacher_sorted_probs = teacher_sorted.exp()
+        if learned:
+            lower, upper = clip_net(teacher_sorted_probs)  # [n], [n]
+        else:
+            lower = teacher_sorted.new_full(teacher_sorted.shape[:1], fixed_bounds[0])
+            upper = teacher_sorted.new_full(teacher_sorted.shape[:1], fixed_bounds[1])
+        position = _band_coordinate(band, teacher_sorted_probs, student_rows, teacher_rows) / beta  # c_k / β, [n, V]
+        log_band = F.logsigmoid(position - (lower / beta)[:, None]) + F.logsigmoid((upper / beta)[:, None] - position)
+
+        first_band_entry = 1 if target_class else 0
+        clippable = teacher_sorted_probs[:, first_band_entry:].sum(-1)  # [n]
+        in_band = (log_band[:, first_band_entry:].exp() * teacher_sorted_probs[:, first_band_entry:]).sum(-1)
+        kept = torch.where(clippable > 0, in_band / clippable.clamp_min(torch.finfo(clippable.dtype).tiny), 1.0)
+        coverage_penalty = F.relu(rho_min - kept)
+        if guarded:  # below the floor the bounds answer to the penalty only (same values, no KL gradient)
+            log_band = torch.where((kept < rho_min)[:, None], log_band.detach(), log_band)
+
+        log_weight = torch.cat([torch.zeros_like(log_band[:, :1]), log_band[:, 1:]], -1) if target_class else log_band
+        teacher_clipped = log_weight + teacher_sorted  # log t_k, [n, V]
+        student_clipped = log_weight + student_sorted  # log s_k, [n, V]
+        if normalize:
+            teacher_clipped = teacher_clipped - teacher_clipped.logsumexp(-1, keepdim=True)
+            student_clipped = student_clipped - student_clipped.logsumexp(-1, keepdim=True)
+        kl = kl_terms(teacher_clipped, student_clipped).sum(-1)  # [n]
+        objective = kl + lam_cov * coverage_penalty if guarded else kl
+        diagnostics = [kl, coverage_penalty, lower, upper, kept]  # in the order of DIAGNOSTICS
+        return torch.stack([objective, *(value.detach() for value in diagnostics)], -1)
+
+    params = tuple(clip_net.parameters()) if learned else ()
+    loss, diagnostics = reduce_positions(
+        row_fn, student_logits, teacher_logits, mask, reduction=reduction, chunk_size=chunk_size, params=params
+    )
+    return loss, dict(zip(DIAGNOSTICS, diagnostics.unbind(0)))
+
+
+def _band_coordinate(band: str, teacher_sorted_probs: Tensor, student_rows: Tensor, teacher_rows: Tensor) -> Tensor:
+    """c_k for the sorted entries, [n, V]: exclusive cumulative mass, or the value-quantile level."""
+    if band == "mass":
+        return teacher_sorted_probs.cumsum(-1) - teacher_sorted_probs
+    padded = torch.isneginf(student_rows) & torch.isneginf(teacher_rows)  # sorted last: their probability is 0
+    real = (padded.size(-1) - padded.sum(-1, keepdim=True)).to(teacher_sorted_probs.dtype)  # V' [n, 1]
+    rank = torch.arange(teacher_sorted_probs.size(-1), device=real.device, dtype=real.dtype)  # k − 1
+    return (real - 1 - rank) / (real - 1).clamp_min(1)

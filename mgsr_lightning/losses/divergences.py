@@ -1,0 +1,221 @@
+"""Token-level divergences between the teacher ``p`` and the student ``q`` (the KD baselines).
+
+Every function has the signature
+
+    fn(student_logits [B, T, V], teacher_logits [B, T, V], mask [B, T] bool | None = None, *,
+       temperature=1.0, reduction="mean", chunk_size=None, **params) -> Tensor
+
+with ``p = softmax(teacher_logits / τ)`` and ``q = softmax(student_logits / τ)`` at each position.
+``mask`` marks the compared (response) positions; "mean" averages the per-position divergence over
+them (0 when there are none), "sum" adds them, "none" returns [B, T] with zeros outside the mask.
+Logits are aligned by the caller: position t of both predicts the same token. Computation is in
+float32 whatever the input dtype (float64 stays float64). Vocabulary entries that are ``-inf`` in
+both logits (a padded vocabulary) contribute nothing. ``chunk_size`` (positions per chunk) bounds
+the extra memory to O(chunk_size·V) for "mean" and "sum", and for any reduction under no_grad;
+results equal the unchunked path (see ``_common``).
+
+Conventions: ``0·log 0 = 0``; mixtures ``m = w·a + (1 − w)·b`` are formed in log space.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from mgsr_lightning.losses._common import check_inputs, kl_terms, log_softmax_pair, reduce_positions
+
+# (student_log_probs [n, V], teacher_log_probs [n, V]) -> divergence per row [n]
+PerRow = Callable[[Tensor, Tensor], Tensor]
+
+
+def _kl(log_a: Tensor, log_b: Tensor) -> Tensor:
+    """KL(a‖b) = Σ_v a_v (log a_v − log b_v) per row: [n, V], [n, V] -> [n]."""
+    return kl_terms(log_a, log_b).sum(-1)
+
+
+def _log_mixture(log_a: Tensor, log_b: Tensor, weight_a: float) -> Tensor:
+    """log(w·a + (1 − w)·b), [n, V], exact at w = 0 and w = 1."""
+    if weight_a == 0:
+        return log_b
+    if weight_a == 1:
+        return log_a
+    return torch.logaddexp(log_a + math.log(weight_a), log_b + math.log1p(-weight_a))
+
+
+def _check_weight(name: str, value: float) -> None:
+    if not 0 <= value <= 1:
+        raise ValueError(f"{name} must be in [0, 1], got {value}")
+
+
+def _divergence(
+    per_row: PerRow,
+    student_logits: Tensor,
+    teacher_logits: Tensor,
+    mask: Tensor | None,
+    temperature: float,
+    reduction: str,
+    chunk_size: int | None,
+) -> Tensor:
+    """The position loop shared by every divergence; ``per_row`` is the formula."""
+    check_inputs(student_logits, teacher_logits, mask, temperature, reduction, chunk_size)
+
+    def row_fn(student_rows: Tensor, teacher_rows: Tensor) -> Tensor:  # [n, V], [n, V] -> [n, 1]
+        student_log_probs, teacher_log_probs = log_softmax_pair(student_rows, teacher_rows, temperature)
+        return per_row(student_log_probs, teacher_log_probs).unsqueeze(-1)
+
+    loss, _ = reduce_positions(row_fn, student_logits, teacher_logits, mask, reduction=reduction, chunk_size=chunk_size)
+    return loss
+
+
+def forward_kl(
+    student_logits: Tensor,
+    teacher_logits: Tensor,
+    mask: Tensor | None = None,
+    *,
+    temperature: float = 1.0,
+    reduction: str = "mean",
+    chunk_size: int | None = None,
+) -> Tensor:
+    """Forward KL, ``KL(p‖q) = Σ_v p_v (log p_v − log q_v)``, entropy term included (so it is 0 iff p = q).
+
+    DistiLLM's FKL drops the constant ``Σ p log p``; its gradient is the same.
+    """
+
+    def per_row(student_log_probs: Tensor, teacher_log_probs: Tensor) -> Tensor:
+        return _kl(teacher_log_probs, student_log_probs)
+
+    return _divergence(per_row, student_logits, teacher_logits, mask, temperature, reduction, chunk_size)
+
+
+def reverse_kl(
+    student_logits: Tensor,
+    teacher_logits: Tensor,
+    mask: Tensor | None = None,
+    *,
+    temperature: float = 1.0,
+    reduction: str = "mean",
+    chunk_size: int | None = None,
+) -> Tensor:
+    """Reverse KL, ``KL(q‖p) = Σ_v q_v (log q_v − log p_v)``."""
+
+    def per_row(student_log_probs: Tensor, teacher_log_probs: Tensor) -> Tensor:
+        return _kl(student_log_probs, teacher_log_probs)
+
+    return _divergence(per_row, student_logits, teacher_logits, mask, temperature, reduction, chunk_size)
+
+
+def symmetric_kl(
+    student_logits: Tensor,
+    teacher_logits: Tensor,
+    mask: Tensor | None = None,
+    *,
+    lam: float = 0.9,
+    temperature: float = 1.0,
+    reduction: str = "mean",
+    chunk_size: int | None = None,
+) -> Tensor:
+    """Symmetric KL, ``(1 − λ)·KL(p‖q) + λ·KL(q‖p)``; λ = 0.9 as in DistiLLM's SymKL."""
+    _check_weight("lam", lam)
+
+    def per_row(student_log_probs: Tensor, teacher_log_probs: Tensor) -> Tensor:
+        return (1 - lam) * _kl(teacher_log_probs, student_log_probs) + lam * _kl(student_log_probs, teacher_log_probs)
+
+    return _divergence(per_row, student_logits, teacher_logits, mask, temperature, reduction, chunk_size)
+
+
+def skew_forward_kl(
+    student_logits: Tensor,
+    teacher_logits: Tensor,
+    mask: Tensor | None = None,
+    *,
+    alpha: float = 0.1,
+    temperature: float = 1.0,
+    reduction: str = "mean",
+    chunk_size: int | None = None,
+) -> Tensor:
+    """Skew forward KL (DistiLLM's SKL), ``KL(p ‖ α·p + (1 − α)·q)``; α = 0 gives ``KL(p‖q)``."""
+    _check_weight("alpha", alpha)
+
+    def per_row(student_log_probs: Tensor, teacher_log_probs: Tensor) -> Tensor:
+        return _kl(teacher_log_probs, _log_mixture(teacher_log_probs, student_log_probs, alpha))
+
+    return _divergence(per_row, student_logits, teacher_logits, mask, temperature, reduction, chunk_size)
+
+
+def skew_reverse_kl(
+    student_logits: Tensor,
+    teacher_logits: Tensor,
+    mask: Tensor | None = None,
+    *,
+    alpha: float = 0.1,
+    temperature: float = 1.0,
+    reduction: str = "mean",
+    chunk_size: int | None = None,
+) -> Tensor:
+    """Skew reverse KL (DistiLLM's SRKL), ``KL(q ‖ (1 − α)·p + α·q)``; α = 0 gives ``KL(q‖p)``."""
+    _check_weight("alpha", alpha)
+
+    def per_row(student_log_probs: Tensor, teacher_log_probs: Tensor) -> Tensor:
+        return _kl(student_log_probs, _log_mixture(student_log_probs, teacher_log_probs, alpha))
+
+    return _divergence(per_row, student_logits, teacher_logits, mask, temperature, reduction, chunk_size)
+
+
+def generalized_jsd(
+    student_logits: Tensor,
+    teacher_logits: Tensor,
+    mask: Tensor | None = None,
+    *,
+    beta: float = 0.5,
+    temperature: float = 1.0,
+    reduction: str = "mean",
+    chunk_size: int | None = None,
+) -> Tensor:
+    """Generalised Jensen–Shannon divergence with TRL's ``generalized_jsd_loss`` semantics (GKD, Eq. 1).
+
+    For 0 < β < 1, with ``m = β·p + (1 − β)·q``:  ``JSD(β) = β·KL(p‖m) + (1 − β)·KL(q‖m)``.
+    The end points are TRL's special cases, not the limits of that formula (which is 0 at both):
+    ``β = 0`` gives ``KL(p‖q)`` and ``β = 1`` gives ``KL(q‖p)``. ``β = 0.5`` is the symmetric JSD.
+    """
+    _check_weight("beta", beta)
+
+    def per_row(student_log_probs: Tensor, teacher_log_probs: Tensor) -> Tensor:
+        if beta == 0:
+            return _kl(teacher_log_probs, student_log_probs)
+        if beta == 1:
+            return _kl(student_log_probs, teacher_log_probs)
+        log_mixture = _log_mixture(teacher_log_probs, student_log_probs, beta)
+        return beta * _kl(teacher_log_probs, log_mixture) + (1 - beta) * _kl(student_log_probs, log_mixture)
+
+    return _divergence(per_row, student_logits, teacher_logits, mask, temperature, reduction, chunk_size)
+
+
+def total_variation(
+    student_logits: Tensor,
+    teacher_logits: Tensor,
+    mask: Tensor | None = None,
+    *,
+    temperature: float = 1.0,
+    reduction: str = "mean",
+    chunk_size: int | None = None,
+) -> Tensor:
+    """Total variation distance, ``½·Σ_v |p_v − q_v|`` ∈ [0, 1]."""
+
+    def per_row(student_log_probs: Tensor, teacher_log_probs: Tensor) -> Tensor:
+        return 0.5 * (teacher_log_probs.exp() - student_log_probs.exp()).abs().sum(-1)
+
+    return _divergence(per_row, student_logits, teacher_logits, mask, temperature, reduction, chunk_size)
+
+
+DIVERGENCES: dict[str, Callable[..., Tensor]] = {
+    "forward_kl": forward_kl,
+    "reverse_kl": reverse_kl,
+    "symmetric_kl": symmetric_kl,
+    "skew_forward_kl": skew_forward_kl,
+    "skew_reverse_kl": skew_reverse_kl,
+    "generalized_jsd": generalized_jsd,
+    "total_variation": total_variation,
+}

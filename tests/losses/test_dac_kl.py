@@ -1,0 +1,343 @@
+"""DAC-KL and ClipNet: a float64 loop reference, fixed-mode behaviour, gradients to ClipNet,
+chunking, the one-sort-per-chunk rule, and the anti-collapse guard against the collapse it prevents."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.func import functional_call
+from torch.overrides import TorchFunctionMode
+
+from mgsr_lightning.losses import ClipNet, dac_kl, forward_kl
+
+
+def sigmoid(x: float) -> float:
+    return 1 / (1 + math.exp(-x)) if x >= 0 else math.exp(x) / (1 + math.exp(x))
+
+
+def dac_reference(p, q, lower, upper, *, beta, normalize, band, target_class):
+    """(L_DAC, kept) at one position, looping over the sorted vocabulary; p, q float lists."""
+    real = [v for v in range(len(p)) if not (p[v] == 0 and q[v] == 0)]  # padded entries have p = q = 0
+    order = sorted(real, key=lambda v: -p[v])
+    p_sorted, q_sorted = [p[v] for v in order], [q[v] for v in order]
+    if band == "mass":
+        coordinate = [sum(p_sorted[:k]) for k in range(len(order))]
+    else:
+        coordinate = [(len(order) - 1 - k) / (len(order) - 1) for k in range(len(order))]
+    mask = [sigmoid((c - lower) / beta) * sigmoid((upper - c) / beta) for c in coordinate]
+    weight = [1.0 if k == 0 and target_class else mask[k] for k in range(len(order))]
+    t = [w * x for w, x in zip(weight, p_sorted)]
+    s = [w * x for w, x in zip(weight, q_sorted)]
+    if normalize:
+        t_total, s_total = sum(t), sum(s)
+        t, s = [x / t_total for x in t], [x / s_total for x in s]
+    loss = sum(a * (math.log(a) - math.log(b)) for a, b in zip(t, s) if a > 0)
+    first = 1 if target_class else 0
+    clippable = sum(p_sorted[first:])
+    kept = sum(m * x for m, x in zip(mask[first:], p_sorted[first:])) / clippable if clippable > 0 else 1.0
+    return loss, kept
+
+
+@pytest.fixture
+def reference(softmax_ref):
+    def compute(student, teacher, mask, *, temperature, bounds, **options):
+        """Per-position (loss, kept) [B][T] lists; bounds(b, t) -> (lower, upper)."""
+        losses, kepts = [], []
+        for b in range(student.size(0)):
+            losses.append([])
+            kepts.append([])
+            for t in range(student.size(1)):
+                p, q = softmax_ref(teacher[b, t], temperature), softmax_ref(student[b, t], temperature)
+                loss, kept = dac_reference(p, q, *bounds(b, t), **options)
+                losses[-1].append(loss)
+                kepts[-1].append(kept)
+        return torch.tensor(losses, dtype=torch.float64), torch.tensor(kepts, dtype=torch.float64)
+
+    return compute
+
+
+OPTIONS = [
+    dict(normalize=True, band="mass", target_class=True),
+    dict(normalize=False, band="mass", target_class=True),
+    dict(normalize=True, band="mass", target_class=False),
+    dict(normalize=False, band="value_quantile", target_class=True),
+    dict(normalize=True, band="value_quantile", target_class=False),
+]
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (values * mask).sum() / mask.sum()
+
+
+@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
+@pytest.mark.parametrize("padded", [0, 4])
+def test_fixed_mode_matches_float64_reference(options, padded, make_case, reference):
+    student, teacher, mask = make_case(padded=padded)
+    bounds = (0.1, 0.7)
+    loss, diagnostics = dac_kl(
+        student, teacher, mask, mode="fixed", fixed_bounds=bounds, beta=0.05, temperature=0.8, reduction="none", **options
+    )
+    expected, kept = reference(student, teacher, mask, temperature=0.8, bounds=lambda b, t: bounds, beta=0.05, **options)
+    torch.testing.assert_close(loss.double(), expected * mask, rtol=1e-5, atol=1e-6)
+    mean, _ = dac_kl(student, teacher, mask, mode="fixed", fixed_bounds=bounds, beta=0.05, temperature=0.8, **options)
+    torch.testing.assert_close(mean.double(), masked_mean(expected, mask), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(diagnostics["kept_mass"].double(), masked_mean(kept, mask), rtol=1e-5, atol=1e-6)
+    assert diagnostics["lower"].item() == pytest.approx(0.1) and diagnostics["upper"].item() == pytest.approx(0.7)
+    assert diagnostics["coverage_penalty"] == pytest.approx(masked_mean((0.5 - kept).clamp_min(0), mask).item(), abs=1e-6)
+
+
+@pytest.mark.parametrize("padded", [0, 4])
+def test_learned_mode_matches_reference_with_clipnet_bounds(padded, make_case, reference):
+    student, teacher, mask = make_case(padded=padded)
+    clip_net = ClipNet(k=8, hidden=16)
+    torch.nn.init.normal_(clip_net.mlp[-1].weight, std=0.5)  # bounds that differ per position
+    loss, diagnostics = dac_kl(student, teacher, mask, clip_net=clip_net, temperature=1.3, reduction="none")
+
+    with torch.no_grad():  # the bounds ClipNet gives each position, computed independently
+        probs = torch.softmax(teacher.double() / 1.3, -1).sort(-1, descending=True).values
+        lower, upper = clip_net.double()(probs.flatten(0, 1))
+        lower, upper = lower.view(mask.shape), upper.view(mask.shape)
+    expected, kept = reference(
+        student, teacher, mask, temperature=1.3, bounds=lambda b, t: (lower[b, t].item(), upper[b, t].item()),
+        beta=0.02, normalize=True, band="mass", target_class=True,
+    )
+    penalty = (0.5 - kept).clamp_min(0)
+    torch.testing.assert_close(loss.double(), (expected + 10.0 * penalty) * mask, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(diagnostics["kl"].double(), masked_mean(expected, mask), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(diagnostics["lower"].double(), masked_mean(lower, mask), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(diagnostics["upper"].double(), masked_mean(upper, mask), rtol=1e-5, atol=1e-6)
+    assert not any(value.requires_grad for value in diagnostics.values())
+
+
+def test_bf16_inputs_are_computed_in_float32(make_case, reference):
+    student, teacher, mask = make_case()
+    student_bf16, teacher_bf16 = student.bfloat16(), teacher.bfloat16()
+    loss, _ = dac_kl(student_bf16, teacher_bf16, mask, mode="fixed")
+    assert loss.dtype == torch.float32
+    expected, _ = reference(
+        student_bf16.double(), teacher_bf16.double(), mask, temperature=1.0, bounds=lambda b, t: (0.0, 0.9),
+        beta=0.02, normalize=True, band="mass", target_class=True,
+    )
+    torch.testing.assert_close(loss.double(), masked_mean(expected, mask), rtol=1e-5, atol=1e-6)
+
+
+def test_band_covering_everything_is_forward_kl(make_case):
+    student, teacher, mask = make_case()
+    loss, diagnostics = dac_kl(student, teacher, mask, mode="fixed", fixed_bounds=(0.0, 1.0), beta=1e-5)
+    torch.testing.assert_close(loss, forward_kl(student, teacher, mask), rtol=1e-5, atol=1e-6)
+    assert diagnostics["kept_mass"] > 0.99
+
+
+def test_empty_band_leaves_the_target_class_only(make_case):
+    student, teacher, mask = make_case()
+    bounds = dict(mode="fixed", fixed_bounds=(0.0, 1e-6), beta=1e-5, reduction="none")
+    normalized, diagnostics = dac_kl(student, teacher, mask, **bounds)
+    assert normalized.abs().max() < 1e-6 and diagnostics["kept_mass"] < 1e-6
+    unnormalized, _ = dac_kl(student, teacher, mask, normalize=False, **bounds)
+    p, q = torch.softmax(teacher, -1), torch.softmax(student, -1)
+    top = p.argmax(-1, keepdim=True)
+    p_top, q_top = p.gather(-1, top).squeeze(-1), q.gather(-1, top).squeeze(-1)
+    torch.testing.assert_close(unnormalized, p_top * (p_top.log() - q_top.log()) * mask)
+
+
+def test_student_mass_outside_the_band_does_not_matter(make_case):
+    student, teacher, _ = make_case(B=1, T=1, V=40)
+    order = torch.softmax(teacher[0, 0], -1).argsort(descending=True)
+    cumulative = torch.softmax(teacher[0, 0], -1)[order].cumsum(0)
+    tail = order[cumulative > 0.75]  # well past u = 0.5
+    moved = student.clone()
+    moved[0, 0, tail] += 3.0
+    options = dict(mode="fixed", fixed_bounds=(0.0, 0.5), beta=1e-3)
+    torch.testing.assert_close(dac_kl(moved, teacher, **options)[0], dac_kl(student, teacher, **options)[0], rtol=1e-5, atol=1e-6)
+    assert (forward_kl(moved, teacher) - forward_kl(student, teacher)).abs() > 0.1
+
+
+def test_unnormalized_value_can_be_negative_and_normalized_cannot(make_case):
+    # the student over-estimates every kept entry (target class and band) and under-estimates the tail
+    teacher = torch.tensor([[[0.5, 0.3, 0.2]]]).log()
+    student = torch.tensor([[[0.55, 0.4, 0.05]]]).log()
+    options = dict(mode="fixed", fixed_bounds=(0.0, 0.7), beta=1e-3)
+    assert dac_kl(student, teacher, normalize=False, **options)[0] < 0
+    assert dac_kl(student, teacher, normalize=True, **options)[0] >= 0
+    students, teachers, _ = make_case(B=4, T=8, V=16, scale=3.0)
+    assert (dac_kl(students, teachers, mode="fixed", reduction="none")[0] >= -1e-6).all()
+
+
+def test_clipnet_bounds_start_at_init_bounds_and_stay_ordered():
+    probs = torch.softmax(torch.randn(6, 50) * 3, -1).sort(-1, descending=True).values
+    lower, upper = ClipNet(k=16, hidden=8, init_bounds=(0.05, 0.8))(probs)
+    torch.testing.assert_close(lower, torch.full((6,), 0.05))
+    torch.testing.assert_close(upper, torch.full((6,), 0.8))
+    clip_net = ClipNet(k=16, hidden=8, l_max=0.4, u_min=0.6)
+    for parameter in clip_net.parameters():
+        torch.nn.init.normal_(parameter, std=3.0)
+    lower, upper = clip_net(probs)  # saturated sigmoids reach the ends of the ranges in float32
+    assert (lower >= 0).all() and (lower <= 0.4).all()
+    assert (upper >= 0.6).all() and (upper <= 1).all() and (lower < upper).all()
+
+
+def test_clipnet_works_when_the_vocabulary_is_smaller_than_k(make_case):
+    student, teacher, mask = make_case(V=11)
+    loss, diagnostics = dac_kl(student, teacher, mask, clip_net=ClipNet(k=256, hidden=16))
+    assert torch.isfinite(loss) and 0 < diagnostics["kept_mass"] <= 1
+
+
+@pytest.mark.parametrize("lam_cov", [0.0, 10.0])
+def test_clipnet_gets_gradients_through_the_loss(lam_cov, make_case):
+    student, teacher, mask = make_case()
+    clip_net = ClipNet(k=8, hidden=16)
+    loss, _ = dac_kl(student, teacher, mask, clip_net=clip_net, lam_cov=lam_cov)
+    loss.backward()
+    assert clip_net.mlp[-1].weight.grad.abs().sum() > 0  # from the KL alone when lam_cov = 0
+
+
+@pytest.mark.parametrize("chunk_size", [1, 4, 100])
+@pytest.mark.parametrize("mode", ["learned", "fixed"])
+def test_chunked_equals_unchunked(mode, chunk_size, make_case):
+    student, teacher, mask = make_case(B=3, T=7, V=13)
+    student.requires_grad_(True)
+    clip_net = ClipNet(k=8, hidden=16) if mode == "learned" else None
+    if clip_net is not None:
+        torch.nn.init.normal_(clip_net.mlp[-1].weight, std=0.5)
+    parameters = [student, *(clip_net.parameters() if clip_net is not None else ())]
+    plain, plain_diagnostics = dac_kl(student, teacher, mask, clip_net=clip_net, mode=mode, temperature=1.5)
+    chunked, chunked_diagnostics = dac_kl(student, teacher, mask, clip_net=clip_net, mode=mode, temperature=1.5, chunk_size=chunk_size)
+    torch.testing.assert_close(chunked, plain, rtol=1e-6, atol=1e-6)
+    for name in plain_diagnostics:
+        torch.testing.assert_close(chunked_diagnostics[name], plain_diagnostics[name], rtol=1e-6, atol=1e-6)
+    for plain_grad, chunked_grad in zip(torch.autograd.grad(plain, parameters), torch.autograd.grad(chunked, parameters)):
+        torch.testing.assert_close(chunked_grad, plain_grad, rtol=1e-5, atol=1e-7)
+
+
+def test_gradcheck_float64_student_and_clipnet(make_case):
+    student, teacher, mask = make_case(B=1, T=3, V=6, dtype=torch.float64)
+    student.requires_grad_(True)
+    clip_net = ClipNet(k=4, hidden=3).double()
+    torch.nn.init.normal_(clip_net.mlp[-1].weight, std=0.5)
+    names = [name for name, _ in clip_net.named_parameters()]
+    weights = [p.detach().clone().requires_grad_(True) for p in clip_net.parameters()]
+
+    def unguarded(s, *w):  # the true gradient; the guard drops the KL's gradient to the bounds on purpose
+        return dac_kl(s, teacher, mask, clip_net=_Bound(clip_net, dict(zip(names, w))), temperature=1.3, beta=0.1, lam_cov=0.0)[0]
+
+    def guarded(s):
+        return dac_kl(s, teacher, mask, clip_net=clip_net, temperature=1.3, beta=0.1, rho_min=0.9)[0]
+
+    assert torch.autograd.gradcheck(unguarded, (student, *weights))
+    assert torch.autograd.gradcheck(guarded, (student,))
+
+
+class _Bound(torch.nn.Module):
+    """``clip_net`` called with the given weights (so gradcheck can perturb them)."""
+
+    def __init__(self, clip_net, weights):
+        super().__init__()
+        self.clip_net, self.weights = clip_net, weights
+
+    def forward(self, probs):
+        return functional_call(self.clip_net, self.weights, (probs,))
+
+    def parameters(self, recurse=True):
+        return iter(self.weights.values())
+
+
+class _SortLog(TorchFunctionMode):
+    def __init__(self):
+        super().__init__()
+        self.shapes = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") == "sort":
+            self.shapes.append(tuple(args[0].shape))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize(("chunk_size", "expected"), [(None, [(8, 13)]), (3, [(3, 13), (3, 13), (2, 13)])])
+def test_one_sort_per_chunk_per_step(chunk_size, expected, make_case):
+    student, teacher, _ = make_case(B=2, T=6, V=13)
+    mask = torch.zeros(2, 6, dtype=torch.bool)
+    mask[0, :5] = mask[1, 3:] = True  # 8 compared positions
+    student.requires_grad_(True)
+    clip_net = ClipNet(k=8, hidden=16)
+    with _SortLog() as log:
+        loss, _ = dac_kl(student, teacher, mask, clip_net=clip_net, chunk_size=chunk_size)
+        loss.backward()
+    assert log.shapes == expected
+
+
+def test_guard_keeps_the_kept_mass_above_its_floor_and_without_it_the_band_collapses():
+    # ClipNet alone minimises the loss on fixed, fairly peaked logits (L_DAC ≈ 2 nats).
+    generator = torch.Generator().manual_seed(0)
+    student = torch.randn(4, 16, 64, generator=generator) * 3
+    teacher = torch.randn(4, 16, 64, generator=generator) * 3
+
+    def optimise(clip_net, **options):
+        optimizer = torch.optim.Adam(clip_net.parameters(), lr=1e-2)
+        kept = []
+        for _ in range(120):
+            loss, diagnostics = dac_kl(student, teacher, clip_net=clip_net, **options)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            kept.append(diagnostics["kept_mass"].item())
+        return kept, diagnostics
+
+    torch.manual_seed(1)
+    guarded, diagnostics = optimise(ClipNet(k=32, hidden=32))
+    assert min(guarded[60:]) >= 0.5 and diagnostics["kl"] > 1.0
+
+    torch.manual_seed(1)
+    unguarded, diagnostics = optimise(ClipNet(k=32, hidden=32, u_min=0.0), lam_cov=0.0)
+    assert unguarded[-1] < 0.05 and diagnostics["kl"] < 0.05
+
+
+def test_below_the_floor_only_the_penalty_moves_clipnet(make_case):
+    # a teacher with p_(1) > 0.9 and a band ending at u ≈ 0.61: every position is below the floor,
+    # so ClipNet's gradient is lam_cov times the penalty's, with nothing from the KL
+    student, teacher, _ = make_case(B=2, T=4, V=20)
+    teacher[..., 3] += 12.0
+    clip_net = ClipNet(k=8, hidden=16, init_bounds=(0.02, 0.61))
+    parameters = list(clip_net.parameters())
+
+    def clipnet_grads(lam_cov):
+        loss, diagnostics = dac_kl(student, teacher, clip_net=clip_net, reduction="none", lam_cov=lam_cov)
+        return torch.autograd.grad(loss.sum(), parameters), diagnostics
+
+    (grads_1, diagnostics), (grads_10, _) = clipnet_grads(1.0), clipnet_grads(10.0)
+    assert diagnostics["kept_mass"] < 0.5
+    for one, ten in zip(grads_1, grads_10):
+        torch.testing.assert_close(ten, 10 * one)
+    kl_grads, _ = clipnet_grads(0.0)  # guard off: the KL does pull on ClipNet
+    assert any(g.abs().sum() > 0 for g in kl_grads)
+
+
+def test_clipnet_trains_jointly_in_its_own_parameter_group(make_case):
+    _, teacher, mask = make_case()
+    student_head = torch.nn.Linear(4, teacher.size(-1))
+    features = torch.randn(*teacher.shape[:2], 4)
+    clip_net = ClipNet(k=8, hidden=16)
+    optimizer = torch.optim.AdamW(
+        [{"params": student_head.parameters(), "lr": 1e-3}, {"params": clip_net.parameters(), "lr": 1e-2, "weight_decay": 0.0}]
+    )
+    before = [p.detach().clone() for p in clip_net.parameters()]
+    loss, _ = dac_kl(student_head(features), teacher, mask, clip_net=clip_net, chunk_size=3)
+    loss.backward()
+    optimizer.step()
+    assert any(not torch.equal(b, p) for b, p in zip(before, clip_net.parameters()))
+    assert optimizer.param_groups[1]["lr"] == 1e-2
+
+
+def test_bad_configurations_raise(make_case):
+    student, teacher, mask = make_case()
+    with pytest.raises(ValueError, match="needs a clip_net"):
+        dac_kl(student, teacher, mask)
+    with pytest.raises(ValueError, match="fixed_bounds"):
+        dac_kl(student, teacher, mask, mode="fixed", clip_net=ClipNet(k=4, hidden=4))
+    with pytest.raises(ValueError, match="fixed_bounds must satisfy"):
+        dac_kl(student, teacher, mask, mode="fixed", fixed_bounds=(0.6, 0.5))
+    with pytest.raises(ValueError, match="band"):
+        dac_kl(student, teacher, mask, mode="fixed", band="value")
+    with pytest.raises(ValueError, match="init_bounds"):
+        ClipNet(init_bounds=(0.02, 0.55))
