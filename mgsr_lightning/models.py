@@ -50,11 +50,15 @@ class ModelSource:
         return f"config {self.config}"
 
 
-def load_causal_lm(source: ModelSource, vocab_size: int | None = None) -> PreTrainedModel:
+def load_causal_lm(
+    source: ModelSource, vocab_size: int | None = None, special_token_ids: dict[str, int | None] | None = None
+) -> PreTrainedModel:
     """Load or build the model described by ``source``.
 
-    ``vocab_size`` fills in a config-built model's vocabulary (the tokenizer's size) when its config
-    does not set one.
+    For a config-built model, ``vocab_size`` (the tokenizer's size) and ``special_token_ids``
+    (``bos_token_id``/``eos_token_id``/``pad_token_id`` of the tokenizer) fill in what the config
+    does not set, so that a from-scratch GPT-2 does not carry GPT-2's 50,256 EOS into a
+    1,024-token vocabulary.
     """
     if source.dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {source.dtype!r}")
@@ -84,6 +88,9 @@ def load_causal_lm(source: ModelSource, vocab_size: int | None = None) -> PreTra
             raise ValueError(f"a model config needs `model_type` (e.g. gpt2, opt, llama); got keys {sorted(overrides)}")
         if vocab_size is not None:
             overrides.setdefault("vocab_size", vocab_size)
+        for key, value in (special_token_ids or {}).items():
+            if value is not None:
+                overrides.setdefault(key, value)
         config = AutoConfig.for_model(**overrides)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(source.seed)

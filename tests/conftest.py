@@ -14,9 +14,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, OPTConfig
 
 from mgsr_lightning.tokenizer import train_bpe_tokenizer
+from tiny_models import build_tiny_model
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -52,35 +52,6 @@ def tiny_tokenizer(tiny_tokenizer_dir):
     return AutoTokenizer.from_pretrained(str(tiny_tokenizer_dir))
 
 
-def tiny_config(family: str, vocab_size: int, n_layer: int = 2, hidden: int = 32, max_positions: int = 128):
-    """A tiny config of a real architecture family (``gpt2``, ``opt`` or ``llama``)."""
-    if family == "gpt2":
-        return GPT2Config(
-            vocab_size=vocab_size, n_positions=max_positions, n_embd=hidden, n_layer=n_layer, n_head=2,
-            bos_token_id=0, eos_token_id=0, pad_token_id=1,
-        )
-    if family == "opt":
-        return OPTConfig(
-            vocab_size=vocab_size, max_position_embeddings=max_positions, hidden_size=hidden,
-            num_hidden_layers=n_layer, num_attention_heads=2, ffn_dim=2 * hidden, word_embed_proj_dim=hidden,
-            bos_token_id=0, eos_token_id=0, pad_token_id=1,
-        )
-    if family == "llama":
-        return LlamaConfig(
-            vocab_size=vocab_size, max_position_embeddings=max_positions, hidden_size=hidden,
-            intermediate_size=2 * hidden, num_hidden_layers=n_layer, num_attention_heads=2, num_key_value_heads=1,
-            bos_token_id=0, eos_token_id=0, pad_token_id=1, tie_word_embeddings=False,
-        )
-    raise ValueError(f"unknown family {family!r}")
-
-
-def build_tiny_model(family: str, vocab_size: int, seed: int = 0, **kwargs):
-    """A randomly initialised tiny causal LM in eval mode, deterministic for a given seed."""
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(family, vocab_size, **kwargs))
-    return model.eval()
-
-
 @pytest.fixture
 def tiny_gpt2_pair(tiny_tokenizer):
     """(teacher, student): GPT-2 configs, teacher 2 layers d=64, student 1 layer d=32."""
@@ -88,3 +59,27 @@ def tiny_gpt2_pair(tiny_tokenizer):
     teacher = build_tiny_model("gpt2", vocab, seed=1, n_layer=2, hidden=64)
     student = build_tiny_model("gpt2", vocab, seed=2, n_layer=1, hidden=32)
     return teacher, student
+
+
+@pytest.fixture(scope="session")
+def tiny_assets(tmp_path_factory):
+    """A miniature embedded default on disk: generated data, a BPE trained on it, and saved tiny
+    teachers/students per architecture family (GPT-2, OPT, LLaMA), for CLI and module tests.
+
+    Returns a dict with ``root``, ``tokenizer`` and ``data`` folders and ``models[family]["teacher"|"student"]``.
+    """
+    from mgsr_lightning.data.records import read_jsonl
+    from mgsr_lightning.data.tiny_tasks import write_tiny_dataset
+
+    root = tmp_path_factory.mktemp("tiny_assets")
+    paths = write_tiny_dataset(root / "data", {"train": 96, "validation": 20, "test": 20}, seed=0)
+    texts = [r["instruction"] + "\n" + r["input"] + "\n" + r["output"] for r in read_jsonl(paths["train"])]
+    tokenizer = train_bpe_tokenizer(texts * 3, vocab_size=300, save_dir=root / "tokenizer")
+    models = {}
+    for family in ("gpt2", "opt", "llama"):
+        models[family] = {}
+        for role, (layers, hidden, seed) in {"teacher": (2, 48, 1), "student": (1, 32, 2)}.items():
+            folder = root / family / role
+            build_tiny_model(family, len(tokenizer), seed=seed, n_layer=layers, hidden=hidden).save_pretrained(folder)
+            models[family][role] = folder
+    return {"root": root, "tokenizer": root / "tokenizer", "data": root / "data", "models": models}

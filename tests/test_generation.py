@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import build_tiny_model
+from tiny_models import build_tiny_model
 from torch import nn
 
 from mgsr_lightning.generation import (

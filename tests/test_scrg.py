@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import build_tiny_model
+from tiny_models import build_tiny_model
 from test_generation import (
     EOS,
     IDS,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import warnings
 from typing import Any, Literal
 
 import lightning as L
@@ -15,6 +16,10 @@ from mgsr_lightning.data.templates import PromptTemplate, render_prompt
 from mgsr_lightning.tokenizer import load_tokenizer, token_id
 
 log = logging.getLogger(__name__)
+
+# The data module, not the DataLoader, holds the position in the epoch (see `state_dict`), so
+# Lightning's warning that the loader cannot resume mid-epoch does not apply here.
+warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
 
 
 class EncodedDataset(Dataset):
@@ -37,7 +42,7 @@ def encode_records(
     *,
     template: PromptTemplate,
     eos_token_id: int,
-    max_length: int,
+    max_length: int | None,
     max_prompt_length: int,
     overlong: Literal["drop", "truncate"] = "drop",
     name: str = "data",
@@ -47,7 +52,7 @@ def encode_records(
     Policy, counted in the returned stats and logged:
     - a prompt longer than ``max_prompt_length`` tokens is dropped (``dropped_long_prompt``): a cut
       prompt changes the task, so it is never truncated;
-    - a prompt + response + EOS longer than ``max_length`` is dropped (``overlong="drop"``, the default,
+    - a prompt + response + EOS longer than ``max_length`` (None: no cap) is dropped (``overlong="drop"``, the default,
       ``dropped_long_response``) or its response is cut to fit, keeping the EOS (``overlong="truncate"``,
       ``truncated_response``, with a warning).
     Evaluation references with several outputs use the first for the training response.
@@ -64,7 +69,7 @@ def encode_records(
             stats["dropped_long_prompt"] += 1
             continue
         response = list(response) + [eos_token_id]
-        if len(prompt) + len(response) > max_length:
+        if max_length is not None and len(prompt) + len(response) > max_length:
             if overlong == "drop":
                 stats["dropped_long_response"] += 1
                 continue
@@ -77,7 +82,7 @@ def encode_records(
     dropped = stats["dropped_long_prompt"] + stats["dropped_long_response"]
     if dropped:
         log.warning(
-            "%s: dropped %d of %d rows (%d prompts > max_prompt_length=%d, %d prompt+response > max_length=%d)",
+            "%s: dropped %d of %d rows (%d prompts > max_prompt_length=%d, %d prompt+response > max_length=%s)",
             name, dropped, len(records), stats["dropped_long_prompt"], max_prompt_length,
             stats["dropped_long_response"], max_length,
         )
@@ -90,8 +95,9 @@ class ResumableSampler(Sampler[int]):
     """A seeded permutation per epoch that can resume in the middle of an epoch.
 
     The order of epoch ``e`` is ``randperm(n, seed + e)``; a checkpoint stores ``(epoch, consumed)``
-    and the resumed run continues with the same order, skipping what was already trained on, so an
-    interrupted run sees exactly the batches an uninterrupted one would.
+    (through the data module's ``state_dict``) and the resumed run continues with the same order,
+    skipping what was already trained on, so an interrupted run sees exactly the batches an
+    uninterrupted one would. ``len`` stays the full size so that schedules computed from it match.
     """
 
     def __init__(self, size: int, seed: int = 0, shuffle: bool = True):
@@ -113,27 +119,7 @@ class ResumableSampler(Sampler[int]):
         return iter(self.order()[skip:])
 
     def __len__(self) -> int:
-        return self.size - self._skip
-
-
-class ResumableDataLoader(DataLoader):
-    """A ``DataLoader`` whose position Lightning saves in checkpoints (``state_dict``/``load_state_dict``).
-
-    ``batches_done`` is asked of the trainer at save time (batches trained on in this epoch), because
-    the loader itself runs ahead of training by the prefetched batch.
-    """
-
-    def __init__(self, *args, batches_done=None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._batches_done = batches_done
-
-    def state_dict(self) -> dict[str, int]:
-        done = self._batches_done() if self._batches_done is not None else 0
-        return {"epoch": self.sampler.epoch, "consumed": done * self.batch_size}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.sampler.set_epoch(state["epoch"])
-        self.sampler._skip = min(state["consumed"], self.sampler.size)
+        return self.size
 
 
 class InstructionDataModule(L.LightningDataModule):
@@ -193,6 +179,7 @@ class InstructionDataModule(L.LightningDataModule):
         self.eos_token_id = token_id(self.tokenizer, eos_token)
         self.datasets: dict[str, EncodedDataset] = {}
         self.length_stats: dict[str, dict[str, int]] = {}
+        self._resume_position: dict[str, int] | None = None
 
     def _encode(self, name: str, records: list[dict[str, Any]]) -> EncodedDataset:
         h = self.hparams
@@ -230,15 +217,31 @@ class InstructionDataModule(L.LightningDataModule):
                 raise ValueError("`test_data` is required to test or predict")
             self.datasets["test"] = self._encode("test", load_records(h.test_data, split="test"))
 
-    def _batches_done(self) -> int:
-        return self.trainer.fit_loop.epoch_loop.batch_progress.current.processed if self.trainer else 0
+    def state_dict(self) -> dict[str, int]:
+        """Position in the training order, saved in checkpoints: (epoch, examples consumed in it).
+
+        Asked of the trainer (batches trained on in this epoch) rather than of the loader, which runs
+        ahead of training by the prefetched batch.
+        """
+        if self.trainer is None:
+            return {}
+        trainer = self.trainer
+        batches = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        return {"epoch": trainer.current_epoch, "consumed": batches * self.hparams.batch_size * trainer.world_size}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self._resume_position = state or None
 
     def train_dataloader(self) -> DataLoader:
         dataset = self.datasets["train"]
-        return ResumableDataLoader(
-            dataset, batch_size=self.hparams.batch_size, sampler=ResumableSampler(len(dataset), self.hparams.seed),
+        sampler = ResumableSampler(len(dataset), self.hparams.seed)
+        if self._resume_position is not None:
+            sampler.set_epoch(self._resume_position["epoch"])
+            sampler._skip = min(self._resume_position["consumed"], len(dataset))
+            self._resume_position = None
+        return DataLoader(
+            dataset, batch_size=self.hparams.batch_size, sampler=sampler,
             collate_fn=InstructionCollator(self.tokenizer.pad_token_id), num_workers=self.hparams.num_workers,
-            drop_last=False, batches_done=self._batches_done,
         )
 
     def _eval_loader(self, name: str) -> DataLoader:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from conftest import build_tiny_model
+from tiny_models import build_tiny_model
 from transformers import AutoTokenizer
 
 from mgsr_lightning.evaluation.evaluate import EvalConfig, evaluate_model

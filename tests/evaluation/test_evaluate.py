@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import build_tiny_model
+from tiny_models import build_tiny_model
 from rouge_score import rouge_scorer
 
 from mgsr_lightning.evaluation.evaluate import EvalConfig, decode_responses, evaluate_model, example_seeds

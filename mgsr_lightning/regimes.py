@@ -1,0 +1,227 @@
+"""Which sequences a training step learns from: the data regimes of the distillation methods.
+
+Each regime turns the current ground-truth batch into the step's *training sequences*:
+
+- ``ground_truth``: the dataset responses (KD, RKL, JSD, TVD: pure off-policy on data).
+- ``on_policy``: fresh student outputs every step (on-policy GKD, MiniLLM-style data).
+- ``mixed``: fresh student outputs with probability ``lmbda``, else ground truth (GKD, ImitKD).
+- ``adaptive_off_policy``: DistiLLM's scheduler: fresh outputs with a probability that decays over
+  training, a replay buffer of earlier outputs, ground truth otherwise; the threshold rises whenever
+  validation loss rises.
+- ``teacher_generated``: responses sampled once by the teacher and cached to disk (SeqKD).
+
+"Fresh student outputs" come from a callable supplied by the module, which is where SCRG revises
+them, so every regime runs with or without SCRG. Random draws come from a generator owned by the
+regime, and its state, the threshold and the replay buffer are all in :meth:`state_dict`, so a
+resumed run makes the same choices an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from mgsr_lightning.generation import Rollout
+
+log = logging.getLogger(__name__)
+
+RegimeName = Literal["ground_truth", "on_policy", "mixed", "adaptive_off_policy", "teacher_generated"]
+Source = Literal["ground_truth", "fresh", "replay", "teacher"]
+
+
+@dataclass
+class RegimeConfig:
+    """Where training sequences come from (see :mod:`mgsr_lightning.regimes`).
+
+    Args:
+        name: ``ground_truth``, ``on_policy``, ``mixed``, ``adaptive_off_policy`` or ``teacher_generated``.
+        lmbda: ``mixed``: probability of training on fresh student outputs.
+        init_threshold: ``adaptive_off_policy``: starting threshold (DistiLLM: 0.0 for GPT-2/OPT, 0.2 for OpenLLaMA2).
+        threshold_step: ``adaptive_off_policy``: added to the threshold when validation loss rises.
+        loss_eps: ``adaptive_off_policy``: rise of validation loss that triggers a step.
+        capacity: ``adaptive_off_policy``: replay buffer size in sequences (oldest evicted first).
+        replay_schedule: ``adaptive_off_policy``: ``decreasing`` (fresh-sample share decays linearly
+            over training, DistiLLM's default) or ``constant`` (half the threshold throughout).
+        cache_path: ``teacher_generated``: file the teacher's responses are cached in.
+        seed: Seed of the regime's own random draws.
+    """
+
+    name: RegimeName = "ground_truth"
+    lmbda: float = 0.5
+    init_threshold: float = 0.0
+    threshold_step: float = 0.1
+    loss_eps: float = 0.1
+    capacity: int = 1000
+    replay_schedule: Literal["decreasing", "constant"] = "decreasing"
+    cache_path: str | None = None
+    seed: int = 0
+
+
+class Regime:
+    """Base regime: ground truth every step."""
+
+    def __init__(self, config: RegimeConfig, pad_token_id: int):
+        self.config = config
+        self.pad_token_id = pad_token_id
+        self.generator = torch.Generator().manual_seed(config.seed)
+
+    def _uniform(self) -> float:
+        return torch.rand((), generator=self.generator).item()
+
+    def training_sequences(
+        self, batch: dict[str, torch.Tensor], ground_truth: Rollout, fresh: Callable[[], Rollout], progress: float
+    ) -> tuple[Rollout, Source]:
+        """The step's training sequences and where they came from; ``progress`` = step / total steps."""
+        return ground_truth, "ground_truth"
+
+    def on_validation_loss(self, loss: float) -> None:
+        """Called once per validation run with the validation loss."""
+
+    def metrics(self) -> dict[str, float]:
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.generator.set_state(state["generator"])
+
+
+class OnPolicy(Regime):
+    def training_sequences(self, batch, ground_truth, fresh, progress):
+        return fresh(), "fresh"
+
+
+class Mixed(Regime):
+    def training_sequences(self, batch, ground_truth, fresh, progress):
+        if self._uniform() < self.config.lmbda:
+            return fresh(), "fresh"
+        return ground_truth, "ground_truth"
+
+
+class AdaptiveOffPolicy(Regime):
+    """DistiLLM's adaptive off-policy scheduler with a replay buffer of (revised) student outputs.
+
+    Each step draws ``r ~ U(0, 1)`` and, with ``t`` the threshold and ``s = t·(1 − progress)``
+    (``decreasing``) or ``t/2`` (``constant``):
+    ``r < s`` or (``r < t`` and the buffer is not full) → fresh outputs, pushed into the buffer;
+    ``r < t`` → a batch replayed from the buffer; otherwise the ground-truth batch.
+    """
+
+    def __init__(self, config: RegimeConfig, pad_token_id: int):
+        super().__init__(config, pad_token_id)
+        self.threshold = config.init_threshold
+        self.previous_val_loss: float | None = None
+        self.buffer: deque[tuple[list[int], list[int]]] = deque(maxlen=config.capacity)  # (prompt, response) ids
+
+    def training_sequences(self, batch, ground_truth, fresh, progress):
+        c = self.config
+        fresh_share = self.threshold * (1.0 - progress) if c.replay_schedule == "decreasing" else self.threshold / 2
+        draw = self._uniform()
+        if draw < fresh_share or (draw < self.threshold and len(self.buffer) < c.capacity):
+            sequences = fresh()
+            self.buffer.extend(zip(*sequences.to_token_lists()))
+            return sequences, "fresh"
+        if draw < self.threshold:
+            picks = torch.randint(len(self.buffer), (ground_truth.prompt_ids.shape[0],), generator=self.generator)
+            prompts, responses = zip(*(self.buffer[i] for i in picks.tolist()))
+            replayed = Rollout.from_token_lists(prompts, responses, pad_token_id=self.pad_token_id, device=ground_truth.device)
+            return replayed, "replay"
+        return ground_truth, "ground_truth"
+
+    def on_validation_loss(self, loss: float) -> None:
+        if self.previous_val_loss is not None and loss >= self.previous_val_loss + self.config.loss_eps:
+            self.threshold = min(1.0, self.threshold + self.config.threshold_step)
+            log.info("validation loss rose to %.4f: adaptive threshold now %.2f", loss, self.threshold)
+        # DistiLLM compares with the last loss that moved the threshold or the first one seen
+        if self.previous_val_loss is None or loss >= self.previous_val_loss + self.config.loss_eps:
+            self.previous_val_loss = loss
+
+    def metrics(self) -> dict[str, float]:
+        return {"threshold": self.threshold, "buffer_size": float(len(self.buffer))}
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(
+            super().state_dict(), threshold=self.threshold, previous_val_loss=self.previous_val_loss, buffer=list(self.buffer)
+        )
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.threshold = state["threshold"]
+        self.previous_val_loss = state["previous_val_loss"]
+        self.buffer = deque(state["buffer"], maxlen=self.config.capacity)
+
+
+def prompts_fingerprint(prompts: Iterable[list[int]]) -> str:
+    digest = hashlib.sha256()
+    for prompt in prompts:
+        digest.update(repr(prompt).encode())
+    return digest.hexdigest()[:16]
+
+
+class TeacherGenerated(Regime):
+    """SeqKD: train on the teacher's own responses, generated once and cached to disk.
+
+    The cache maps each training example's index to the teacher's response ids, and records a
+    fingerprint of the prompts (so a cache made for other data is rebuilt, never reused silently).
+    """
+
+    def __init__(self, config: RegimeConfig, pad_token_id: int):
+        super().__init__(config, pad_token_id)
+        if not config.cache_path:
+            raise ValueError("regime 'teacher_generated' needs `cache_path` for the teacher's responses")
+        self.responses: dict[int, list[int]] = {}
+
+    def ensure_cache(
+        self, examples: list, generate: Callable[[list], list[list[int]]], batch_size: int, write: bool = True
+    ) -> None:
+        """Load the cache, or generate it: ``generate(examples_chunk)`` returns one response per example."""
+        path = Path(self.config.cache_path)
+        fingerprint = prompts_fingerprint(e.prompt_ids for e in examples)
+        if path.is_file():
+            cached = torch.load(path, weights_only=True)
+            if cached.get("fingerprint") == fingerprint:
+                self.responses = cached["responses"]
+                log.info("loaded %d teacher responses from %s", len(self.responses), path)
+                return
+            log.warning("%s was made for other prompts; generating the teacher responses again", path)
+        from tqdm.auto import tqdm
+
+        responses = {}
+        for start in tqdm(range(0, len(examples), batch_size), desc="teacher responses (SeqKD)"):
+            chunk = examples[start : start + batch_size]
+            for example, response in zip(chunk, generate(chunk)):
+                responses[example.index] = list(response)
+        self.responses = responses
+        if write:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save({"fingerprint": fingerprint, "responses": responses}, path)
+
+    def training_sequences(self, batch, ground_truth, fresh, progress):
+        indices = batch["example_index"].tolist()
+        missing = [i for i in indices if i not in self.responses]
+        if missing:
+            raise RuntimeError(f"no cached teacher response for training examples {missing[:5]}; rebuild the cache")
+        prompts, _ = ground_truth.to_token_lists()
+        responses = [self.responses[i] for i in indices]
+        return Rollout.from_token_lists(prompts, responses, pad_token_id=self.pad_token_id, device=ground_truth.device), "teacher"
+
+
+REGIMES: dict[str, type[Regime]] = {
+    "ground_truth": Regime,
+    "on_policy": OnPolicy,
+    "mixed": Mixed,
+    "adaptive_off_policy": AdaptiveOffPolicy,
+    "teacher_generated": TeacherGenerated,
+}
+
+
+def build_regime(config: RegimeConfig, pad_token_id: int) -> Regime:
+    return REGIMES[config.name](config, pad_token_id)

@@ -1,0 +1,175 @@
+"""DistillLightningModule: vocabulary checks, frozen teacher, losses wired per method, export, resume."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_models import build_tiny_model, cli_overrides
+
+from mgsr_lightning.cli import run_cli
+from mgsr_lightning.models import ModelSource, VocabularyMismatchError, check_vocabularies
+from mgsr_lightning.module import DistillLightningModule, DistillLoss, SpanLoss
+from mgsr_lightning.regimes import RegimeConfig
+from mgsr_lightning.scrg import ScrgConfig
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+def fit(method: str, assets, run_dir, *extra: str, family: str = "gpt2"):
+    overrides = cli_overrides(assets, family, run_dir, with_teacher=method != "sft")
+    return run_cli(["fit", "--config", str(CONFIGS / "tiny" / f"{method}.yaml"), *overrides, *extra])
+
+
+def test_vocabulary_check_rejects_a_model_smaller_than_the_tokenizer():
+    small = build_tiny_model("gpt2", 200)
+    with pytest.raises(VocabularyMismatchError, match=r"student has 200 output rows but the tokenizer has 300 tokens"):
+        check_vocabularies(300, {"student": small})
+
+
+def test_vocabulary_check_accepts_padded_rows_and_returns_the_tokenizer_size():
+    padded = build_tiny_model("opt", 320)
+    assert check_vocabularies(300, {"teacher": padded, "student": build_tiny_model("gpt2", 300)}) == 300
+
+
+def test_vocabulary_check_compares_tokenizers(tiny_tokenizer, tiny_assets):
+    from mgsr_lightning.tokenizer import load_tokenizer
+
+    other = load_tokenizer(str(tiny_assets["tokenizer"]))
+    model = build_tiny_model("gpt2", 400)
+    with pytest.raises(VocabularyMismatchError, match="tokenizers differ"):
+        check_vocabularies(len(tiny_tokenizer), {"student": model}, {"teacher": tiny_tokenizer, "student": other})
+
+
+def test_module_fails_clearly_on_an_incompatible_student(tiny_assets, tmp_path):
+    student_dir = tmp_path / "small"
+    build_tiny_model("gpt2", 100).save_pretrained(student_dir)
+    module = DistillLightningModule(
+        student=ModelSource(name_or_path=str(student_dir)), tokenizer=str(tiny_assets["tokenizer"])
+    )
+    with pytest.raises(VocabularyMismatchError, match="resize_token_embeddings"):
+        module.configure_model()
+
+
+def test_padded_student_vocabulary_trains_and_never_samples_padding(tiny_assets, tmp_path):
+    from mgsr_lightning.tokenizer import load_tokenizer
+
+    vocab = len(load_tokenizer(str(tiny_assets["tokenizer"])))
+    padded_dir = tmp_path / "padded"
+    build_tiny_model("opt", vocab + 13, seed=3).save_pretrained(padded_dir)
+    cli = fit(
+        "imitkd", tiny_assets, tmp_path / "run", "--model.init_args.student.name_or_path=" + str(padded_dir),
+        family="opt",
+    )
+    module = cli.model
+    assert module.vocab_size == vocab
+    batch = next(iter(cli.datamodule.train_dataloader()))
+    rollout = module.student_outputs(module.ground_truth(batch))
+    assert int(rollout.response_ids[rollout.response_mask].max()) < vocab
+
+
+def test_teacher_is_frozen_in_eval_mode_and_left_out_of_checkpoints(tiny_assets, tmp_path):
+    cli = fit("kd", tiny_assets, tmp_path / "run")
+    module = cli.model
+    module.train()
+    assert not module.teacher.training and module.student.training
+    assert not any(p.requires_grad for p in module.teacher.parameters())
+    checkpoint = torch.load(cli.trainer.checkpoint_callback.last_model_path, weights_only=False)
+    assert not any(key.startswith("teacher.") for key in checkpoint["state_dict"])
+    assert any(key.startswith("student.") for key in checkpoint["state_dict"])
+    optimized = {id(p) for group in cli.trainer.optimizers[0].param_groups for p in group["params"]}
+    assert not optimized & {id(p) for p in module.teacher.parameters()}
+
+
+def test_clip_net_trains_in_its_own_parameter_group(tiny_assets, tmp_path):
+    from mgsr_lightning.losses import ClipNet
+
+    torch.manual_seed(0)
+    initial = {k: v.clone() for k, v in ClipNet().state_dict().items()}
+    cli = fit("mgsr_scrg_dac", tiny_assets, tmp_path / "run", "--model.init_args.distill.clip_net_lr=0.05")
+    module = cli.model
+    groups = cli.trainer.optimizers[0].param_groups
+    clip_group = [g for g in groups if any(p is q for p in g["params"] for q in module.clip_net.parameters())]
+    assert len(clip_group) == 1 and clip_group[0]["initial_lr"] == 0.05
+    changed = [not torch.equal(initial[k], v) for k, v in module.clip_net.state_dict().items()]
+    assert any(changed), "ClipNet's weights did not move: it is not being optimised"
+    logged = cli.trainer.logged_metrics
+    assert {"dac_kl/lower", "dac_kl/upper", "dac_kl/kept_mass"} <= set(logged)
+
+
+def test_sft_term_uses_ground_truth_while_distilling_on_student_outputs(tiny_assets, tmp_path):
+    module = DistillLightningModule(
+        student=ModelSource(name_or_path=str(tiny_assets["models"]["gpt2"]["student"])),
+        teacher=ModelSource(name_or_path=str(tiny_assets["models"]["gpt2"]["teacher"])),
+        tokenizer=str(tiny_assets["tokenizer"]), max_length=80,
+        distill=DistillLoss(name="reverse_kl"), span=SpanLoss(weight=1.0),
+        regime=RegimeConfig(name="on_policy"), scrg=ScrgConfig(),
+    )
+    module.configure_model()
+    module.eval()  # no dropout, so the two computations of the SFT term can be compared
+    from mgsr_lightning.data.datamodule import InstructionDataModule
+
+    data = InstructionDataModule(
+        tokenizer=str(tiny_assets["tokenizer"]), train_data=str(tiny_assets["data"] / "train.jsonl"),
+        val_data=str(tiny_assets["data"] / "validation.jsonl"), template="plain", max_length=80, max_prompt_length=56,
+        batch_size=4,
+    )
+    data.setup("fit")
+    batch = next(iter(data.train_dataloader()))
+    ground_truth = module.ground_truth(batch)
+    with torch.no_grad():
+        fresh = module.student_outputs(ground_truth)
+        terms = module.losses(ground_truth, fresh)
+        from mgsr_lightning.module import shift_free_cross_entropy
+
+        expected_sft = shift_free_cross_entropy(module._logits(module.student, ground_truth), ground_truth)
+        on_fresh = shift_free_cross_entropy(module._logits(module.student, fresh), fresh)
+    assert set(terms) == {"sft", "distill", "span"}
+    torch.testing.assert_close(terms["sft"], expected_sft)
+    assert not torch.allclose(terms["sft"], on_fresh)
+
+
+def test_export_round_trip_gives_the_same_logits_and_a_working_pipeline(tiny_assets, tmp_path):
+    from transformers import AutoModelForCausalLM, pipeline
+
+    cli = fit("sft", tiny_assets, tmp_path / "run", "--trainer.callbacks=[]", "--trainer.enable_checkpointing=false")
+    student = cli.model.student.eval()
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "hf").eval()
+    ids = torch.randint(0, cli.model.vocab_size, (2, 10))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, student(ids).logits)
+    generator = pipeline("text-generation", model=str(tmp_path / "run" / "hf"), device="cpu")
+    output = generator("Add 3 and 4.\n", max_new_tokens=5, do_sample=False)
+    assert output[0]["generated_text"].startswith("Add 3 and 4.\n")
+
+
+def test_export_command_from_checkpoint(tiny_assets, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from mgsr_lightning.pipeline.commands import export
+
+    cli = fit("kd", tiny_assets, tmp_path / "run")
+    export(cli.trainer.checkpoint_callback.last_model_path, str(tmp_path / "exported"))
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "exported").eval()
+    ids = torch.randint(0, cli.model.vocab_size, (1, 8))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, cli.model.student.eval()(ids).logits)
+
+
+def test_resume_matches_an_uninterrupted_run(tiny_assets, tmp_path):
+    """4 steps straight == 2 steps, stop, resume for 2 more: weights, replay buffer and threshold."""
+    common = ["--trainer.max_steps=4", "--trainer.val_check_interval=2", "--model.init_args.regime.init_threshold=0.6",
+              "--trainer.limit_val_batches=1", "--model.init_args.export_dir=null"]
+    straight = fit("mgsr", tiny_assets, tmp_path / "straight", *common)
+    first = fit("mgsr", tiny_assets, tmp_path / "resumed", *common[1:], "--trainer.max_steps=2")
+    ckpt = first.trainer.checkpoint_callback.last_model_path
+    resumed = fit("mgsr", tiny_assets, tmp_path / "resumed2", *common, f"--ckpt_path={ckpt}")
+    assert resumed.trainer.global_step == 4
+    # export_dir is off: exporting loads the best checkpoint's weights into the in-memory student
+    final = [dict(cli.model.state_dict()) for cli in (straight, resumed)]
+    for name, value in final[0].items():
+        torch.testing.assert_close(value, final[1][name], rtol=0, atol=0, msg=lambda m: f"{name}: {m}")
+    assert any(name.startswith("clip_net.") for name in final[0])
+    assert list(straight.model.regime.buffer) == list(resumed.model.regime.buffer)
+    assert len(straight.model.regime.buffer) > 0, "the scheduler never generated: the test would not cover replay"
