@@ -1,0 +1,234 @@
+"""Pipeline commands: ``demo``, ``evaluate``, ``export`` and ``reproduce``.
+
+``reproduce`` is the paper's pipeline for one model pair: prepare data, SFT the teacher (unless one
+exists), distil each method for each training seed with ``configs/<pair>/<method>.yaml`` (the very
+configs ``fit`` takes), evaluate every student and the teacher on the evaluation sets over the
+sampling seeds, and write Table 1 (``table.md``) and its chart (``chart.png``). Each finished step
+leaves a file behind (``hf/config.json``, ``metrics.json``), and an interrupted run restarts from the
+last checkpoint, so running the same command again continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mgsr_lightning.data.records import load_records, write_jsonl
+from mgsr_lightning.evaluation.evaluate import EvalConfig, evaluate_model
+from mgsr_lightning.evaluation.readers import EVAL_SETS, load_dolly15k, load_eval_set
+from mgsr_lightning.evaluation.report import format_table1, write_report
+from mgsr_lightning.generation import SamplingConfig
+from mgsr_lightning.pipeline.paths import REPO_ROOT, config_path, environment
+from mgsr_lightning.pipeline.tiny import TINY_ROOT_ENV, prepare_tiny
+
+log = logging.getLogger(__name__)
+
+PAPER_METHODS = ["sft", "kd", "seqkd", "imitkd", "gkd", "distillm", "mgsr"]
+TINY_METHODS = ["sft", "kd", "rkl", "jsd", "gkd", "imitkd", "distillm", "mgsr_base", "mgsr_scrg", "mgsr_scrg_dac", "mgsr"]
+METHOD_LABELS = {
+    "teacher": "Teacher", "sft": "SFT", "kd": "KD", "seqkd": "SeqKD", "rkl": "RKL", "jsd": "JSD", "tvd": "TVD",
+    "imitkd": "ImitKD", "gkd": "GKD", "distillm": "DistiLLM", "mgsr": "MGSR",
+    "mgsr_base": "MGSR base (no SCRG/DAC-KL/span)", "mgsr_scrg": "MGSR base +SCRG",
+    "mgsr_scrg_dac": "MGSR base +SCRG +DAC-KL",
+}
+PAIR_SIZES = {"gpt2": "GPT-2 XL (1.5B) -> GPT-2 base (0.1B)", "opt": "OPT-6.7B -> OPT-1.3B",
+              "openllama2": "OpenLLaMA2-7B -> OpenLLaMA2-3B", "llama2": "LLaMA2-13B -> LLaMA2-7B",
+              "tiny": "tiny GPT-2 teacher -> tiny GPT-2 student (embedded task)"}
+
+
+def _fit(pair: str, method: str, run_dir: Path, seed: int, env: dict[str, str]) -> Path:
+    """Train ``configs/<pair>/<method>.yaml`` with ``seed`` into ``run_dir``; returns the exported student."""
+    from mgsr_lightning.cli import run_cli
+
+    export_dir = run_dir / "hf"
+    if (export_dir / "config.json").is_file():
+        log.info("%s/%s seed %d: already trained (%s)", pair, method, seed, export_dir)
+        return export_dir
+    last = run_dir / "checkpoints" / "last.ckpt"
+    args = [
+        "fit", "--config", str(config_path(pair, method)), f"--seed_everything={seed}",
+        f"--trainer.default_root_dir={run_dir}", f"--trainer.logger.init_args.save_dir={run_dir}",
+        "--trainer.logger.init_args.name=logs", f"--model.init_args.export_dir={export_dir}",
+    ]
+    if last.is_file():
+        args.append(f"--ckpt_path={last}")
+        log.info("%s/%s seed %d: resuming from %s", pair, method, seed, last)
+    started = time.perf_counter()
+    with environment(**env):
+        cli = run_cli(args)
+    (run_dir / "train_seconds.txt").write_text(f"{time.perf_counter() - started:.1f}\n")
+    del cli
+    return export_dir
+
+
+def _load(folder: Path, dtype: torch.dtype = torch.float32):
+    from transformers import AutoModelForCausalLM
+
+    from mgsr_lightning.tokenizer import load_tokenizer
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
+    return model, load_tokenizer(str(folder))
+
+
+def _evaluate(model_dir: Path, out: Path, label: str, eval_sets: dict[str, list], config: EvalConfig) -> dict[str, Any]:
+    metrics_path = out / "metrics.json"
+    if metrics_path.is_file():
+        return json.loads(metrics_path.read_text())
+    dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    model, tokenizer = _load(model_dir, dtype)
+    results = evaluate_model(model, tokenizer, eval_sets, config, out, method=label)
+    del model
+    return results
+
+
+def _pair_setup(pair: str, data_source: str | None, eval_source: str | None, max_eval_examples: int | None):
+    """(environment, evaluation sets, evaluation config, teacher folder) of a pair."""
+    if pair == "tiny":
+        root = prepare_tiny()
+        eval_sets = {"tiny-test": load_records(str(root / "data" / "test.jsonl"))}
+        config = EvalConfig(sampling=SamplingConfig(max_new_tokens=40), batch_size=100, max_prompt_length=48,
+                            template="plain", max_examples=max_eval_examples, show_progress=False)
+        return {TINY_ROOT_ENV: str(root)}, eval_sets, config, root / "teacher"
+    data_dir = Path("data")
+    if not (data_dir / "dolly" / "train.jsonl").is_file():
+        splits = load_dolly15k(data_source)
+        write_jsonl(splits["train"], data_dir / "dolly" / "train.jsonl")
+        write_jsonl(splits["valid"], data_dir / "dolly" / "valid.jsonl")
+    eval_sets = {name: load_eval_set(name, eval_source, max_examples=max_eval_examples) for name in EVAL_SETS}
+    env = {"MGSR_DATA_DIR": str(data_dir.resolve()), "MGSR_RUNS_DIR": str(Path("runs").resolve())}
+    return env, eval_sets, EvalConfig(max_examples=max_eval_examples), Path("runs") / pair / "teacher" / "hf"
+
+
+def reproduce(
+    pair: str = "gpt2",
+    methods: list[str] | None = None,
+    train_seeds: list[int] | None = None,
+    results_dir: str | None = None,
+    data_source: str | None = None,
+    eval_source: str | None = None,
+    max_eval_examples: int | None = None,
+) -> Path:
+    """The paper's pipeline for one pair: teacher SFT, each method × training seed, evaluation, Table 1.
+
+    Args:
+        pair: ``gpt2`` (GPT-2 XL → base), ``opt``, ``openllama2``, ``llama2``, or ``tiny`` (the embedded
+            default on a CPU, offline).
+        methods: Config names under ``configs/<pair>/`` (default: the paper's Table 1 methods; for
+            ``tiny``: the baselines and the Table 2 ablation).
+        train_seeds: Training seeds per method (default ``[10]``; tiny: ``[0, 1, 2]``).
+        results_dir: Where ``table.md``/``chart.png`` go (default ``experiments/results/<pair>``).
+        data_source: Dolly-15k: a JSONL file or folder (default: the hub release).
+        eval_source: Folder with MiniLLM's evaluation sets (default: the hub releases).
+        max_eval_examples: Evaluate on the first N rows of each set (quick checks).
+    """
+    methods = methods or (TINY_METHODS if pair == "tiny" else PAPER_METHODS)
+    train_seeds = train_seeds or ([0, 1, 2] if pair == "tiny" else [10])
+    results = Path(results_dir) if results_dir else REPO_ROOT / "experiments" / "results" / pair
+    runs_root = Path("runs") / ("reproduce-tiny" if pair == "tiny" else pair)
+    env, eval_sets, eval_config, teacher_dir = _pair_setup(pair, data_source, eval_source, max_eval_examples)
+    if not (teacher_dir / "config.json").is_file():
+        with environment(**env):
+            from mgsr_lightning.cli import run_cli
+
+            run_cli(["fit", "--config", str(config_path(pair, "teacher"))])
+    runs = [_evaluate(teacher_dir, runs_root / "teacher" / "eval", "Teacher", eval_sets, eval_config)]
+    timings = {}
+    for method in methods:
+        for seed in train_seeds:
+            run_dir = runs_root / method / f"seed{seed}"
+            student = _fit(pair, method, run_dir, seed, env)
+            timings[f"{method}/seed{seed}"] = (run_dir / "train_seconds.txt").read_text().strip() if (run_dir / "train_seconds.txt").is_file() else "?"
+            runs.append(_evaluate(student, run_dir / "eval", METHOD_LABELS.get(method, method), eval_sets, eval_config))
+    paths = write_report(runs, results, exact_match=pair == "tiny", title=f"ROUGE-L, {PAIR_SIZES.get(pair, pair)}")
+    (results / "runs.json").write_text(json.dumps({"runs": runs, "train_seconds": timings}, indent=1) + "\n")
+    print(paths["table"].read_text())
+    return results
+
+
+def demo(method: str = "mgsr", seed: int = 0) -> None:
+    """The embedded default end to end: teacher (cached), an SFT student and a distilled student,
+    each evaluated on the generated test split over 5 sampling seeds; prints the table.
+
+    Args:
+        method: The distillation config of ``configs/tiny/`` to compare with SFT.
+        seed: Training seed of both students.
+    """
+    started = time.perf_counter()
+    env, eval_sets, eval_config, teacher_dir = _pair_setup("tiny", None, None, None)
+    runs_root = Path("runs") / "demo"
+    runs = [_evaluate(teacher_dir, runs_root / "teacher" / "eval", "Teacher", eval_sets, eval_config)]
+    for name in ("sft", method):
+        run_dir = runs_root / name
+        for stale in (run_dir / "hf", run_dir / "eval", run_dir / "checkpoints"):
+            if stale.exists():  # students are retrained on every demo; only the teacher is cached
+                import shutil
+
+                shutil.rmtree(stale)
+        student = _fit("tiny", name, run_dir, seed, env)
+        runs.append(_evaluate(student, run_dir / "eval", METHOD_LABELS.get(name, name), eval_sets, eval_config))
+    print("\n" + format_table1(runs, exact_match=True))
+    print(f"demo finished in {time.perf_counter() - started:.0f} s; generations and metrics under {runs_root}/")
+
+
+def evaluate(
+    model: str,
+    sets: list[str] | None = None,
+    eval_source: str | None = None,
+    out: str = "runs/eval",
+    seeds: list[int] | None = None,
+    max_new_tokens: int = 256,
+    batch_size: int = 16,
+    max_prompt_length: int = 256,
+    max_examples: int | None = None,
+    template: str = "alpaca",
+    eos_token: str | None = None,
+) -> None:
+    """ROUGE-L (and exact match) of a saved model over sampling seeds; writes generations, metrics and a table.
+
+    Args:
+        model: Folder written by ``save_pretrained`` (e.g. a run's ``hf/``) or a hub id.
+        sets: Names of MiniLLM's sets (dolly, self_inst, vicuna, sinst, uinst) or JSONL paths (default: all five).
+        eval_source: Folder holding MiniLLM's evaluation sets (default: the hub releases).
+        out: Output folder.
+        seeds: Sampling seeds (default 10 20 30 40 50).
+        max_new_tokens: Most generated tokens per response.
+        batch_size: Prompts per generation batch (results do not depend on it).
+        max_prompt_length: Longer prompts are dropped and counted.
+        max_examples: Only the first N rows of each set.
+        template: Prompt template for rows without a ``prompt`` field.
+        eos_token: Token that ends a response (default: the tokenizer's EOS).
+    """
+    eval_sets = {}
+    for name in sets or list(EVAL_SETS):
+        eval_sets[Path(name).stem if name not in EVAL_SETS else name] = (
+            load_eval_set(name, eval_source) if name in EVAL_SETS else load_records(name)
+        )
+    config = EvalConfig(
+        seeds=seeds or [10, 20, 30, 40, 50], sampling=SamplingConfig(max_new_tokens=max_new_tokens),
+        batch_size=batch_size, max_prompt_length=max_prompt_length, max_examples=max_examples, template=template,
+        eos_token=eos_token,
+    )
+    loaded, tokenizer = _load(Path(model), torch.bfloat16 if torch.cuda.is_available() else torch.float32)
+    evaluate_model(loaded, tokenizer, eval_sets, config, out, method=Path(model).name)
+    print((Path(out) / "table.md").read_text())
+
+
+def export(checkpoint: str, out: str) -> None:
+    """Save the student of a training checkpoint (``.ckpt``) as a Hugging Face model folder.
+
+    Args:
+        checkpoint: A checkpoint written during ``fit`` (the teacher is not in it and is not loaded).
+        out: Output folder, loadable with ``from_pretrained`` and ``pipeline("text-generation", ...)``.
+    """
+    from mgsr_lightning.export import export_student
+    from mgsr_lightning.module import DistillLightningModule
+
+    module = DistillLightningModule.load_from_checkpoint(checkpoint, map_location="cpu", weights_only=False)
+    export_student(module.student, module.tokenizer, out, eos_token_id=module.eos_token_id)
+    print(f"student saved to {out}")

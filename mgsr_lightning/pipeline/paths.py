@@ -1,0 +1,35 @@
+"""Where the pipeline finds configs and writes artifacts."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = REPO_ROOT / "configs"
+TINY_ROOT_ENV = "MGSR_TINY_DIR"
+
+
+def config_path(pair: str, method: str) -> Path:
+    path = CONFIGS / pair / f"{method}.yaml"
+    if not path.is_file():
+        available = sorted(p.stem for p in (CONFIGS / pair).glob("*.yaml") if p.stem != "base")
+        raise FileNotFoundError(f"no config {path}; methods of {pair!r}: {', '.join(available) or 'none'}")
+    return path
+
+
+@contextlib.contextmanager
+def environment(**values: str) -> Iterator[None]:
+    """Set environment variables (read by config interpolations such as ``${oc.env:MGSR_TINY_DIR}``)."""
+    previous = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in previous.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

@@ -1,0 +1,103 @@
+"""Every YAML under configs/ parses, and runs `fit` for 2 steps on tiny models of its pair's family."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+
+import pytest
+import yaml
+from tiny_models import cli_overrides
+
+from mgsr_lightning.cli import load_config_text, run_cli
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+PAIRS = {"tiny": "gpt2", "gpt2": "gpt2", "opt": "opt", "openllama2": "llama", "llama2": "llama"}
+RUNNABLE = sorted(p for pair in PAIRS for p in (CONFIGS / pair).glob("*.yaml") if p.stem != "base")
+EXPECTED_METHODS = {
+    "sft", "kd", "seqkd", "rkl", "jsd", "tvd", "imitkd", "gkd", "distillm", "mgsr",
+    "mgsr_base", "mgsr_scrg", "mgsr_scrg_dac",
+    "mgsr_scrg_on_policy", "mgsr_scrg_mixed", "mgsr_noscrg_on_policy", "mgsr_noscrg_mixed", "mgsr_noscrg_adaptive",
+    "teacher",
+}
+
+
+def config_id(path: Path) -> str:
+    return f"{path.parent.name}/{path.stem}"
+
+
+def test_every_pair_has_every_method():
+    assert RUNNABLE, "no configs found"
+    for pair in PAIRS:
+        assert {p.stem for p in (CONFIGS / pair).glob("*.yaml")} == EXPECTED_METHODS | {"base"}, pair
+
+
+def resolved_config(path: Path) -> dict:
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer), pytest.raises(SystemExit) as exit_info:
+        run_cli(["fit", "--config", str(path), "--print_config"])
+    assert exit_info.value.code in (0, None)
+    return yaml.safe_load(buffer.getvalue())
+
+
+@pytest.mark.parametrize("path", RUNNABLE, ids=config_id)
+def test_config_parses(path):
+    config = resolved_config(path)
+    init = config["model"]["init_args"]
+    assert config["model"]["class_path"] == "mgsr_lightning.DistillLightningModule"
+    # the method part of the name must be what the composed config does
+    method = path.stem
+    if method in ("sft", "teacher"):
+        assert init["teacher"] is None and init["distill"] is None
+    if method.startswith("mgsr"):
+        assert init["sft_weight"] == 1.0 and init["sft_on"] == "ground_truth"
+    if method in ("mgsr", "mgsr_scrg_on_policy", "mgsr_scrg_mixed"):
+        assert init["distill"]["name"] == "dac_kl" and init["span"]["weight"] == 1.0 and init["scrg"] is not None
+    if "noscrg" in method or method == "mgsr_base":
+        assert init["scrg"] is None
+    if method == "mgsr_scrg_dac":
+        assert init["distill"]["name"] == "dac_kl" and init["span"]["weight"] == 0.0
+    if method == "distillm":
+        assert init["regime"]["name"] == "adaptive_off_policy" and init["distill"]["name"] == "skew_forward_kl"
+
+
+def test_base_composition_and_interpolation(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "base.yaml").write_text("_x_: 3\na: {b: 1, c: '${_x_}'}\nd: [1, 2]\n")
+    (tmp_path / "sub" / "child.yaml").write_text("_base_: ../base.yaml\n_x_: 7\na: {b: 2}\n")
+    import os
+
+    cwd = os.getcwd()
+    os.chdir(tmp_path / "sub")
+    try:
+        loaded = load_config_text((tmp_path / "sub" / "child.yaml").read_text())
+        assert loaded == {"a": {"b": 2, "c": 7}, "d": [1, 2]}
+        assert load_config_text("0.5") == 0.5
+        with pytest.raises(FileNotFoundError, match="relative to the including file"):
+            load_config_text("_base_: missing.yaml\n")
+    finally:
+        os.chdir(cwd)
+
+
+QUICK = [p for p in RUNNABLE if p.parent.name == "tiny" or p.stem == "mgsr"]
+
+
+def run_fit(path: Path, assets, tmp_path):
+    family = PAIRS[path.parent.name]
+    overrides = cli_overrides(assets, family, tmp_path / "run", with_teacher=path.stem not in ("sft", "teacher"))
+    cli = run_cli(["fit", "--config", str(path), *overrides])
+    assert cli.trainer.global_step == 2
+    assert (tmp_path / "run" / "hf" / "config.json").is_file()
+    return cli
+
+
+@pytest.mark.parametrize("path", QUICK, ids=config_id)
+def test_config_fits_two_steps(path, tiny_assets, tmp_path):
+    run_fit(path, tiny_assets, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", [p for p in RUNNABLE if p not in QUICK], ids=config_id)
+def test_config_fits_two_steps_all_pairs(path, tiny_assets, tmp_path):
+    run_fit(path, tiny_assets, tmp_path)
