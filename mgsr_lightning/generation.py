@@ -9,7 +9,8 @@ rollout through ``Rollout.model_inputs()``:
 
 Prompts are left-padded and responses right-padded, so each row's real tokens are contiguous and
 its positions start at 0 whatever the padding; that is what makes a row's result independent of the
-batch it is in.
+batch it is in. ``response_logits`` runs a model over a rollout and returns the logits aligned with
+the response tokens, which is what every loss and SCRG's scoring compare.
 
 ``sample`` is our own decode loop over a Hugging Face ``DynamicCache`` rather than
 ``model.generate``, for two things ``generate`` does not offer: one ``torch.Generator`` per row (so a
@@ -23,10 +24,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
-IGNORE_INDEX = -100
-
+from mgsr_lightning.data.collate import pad_sequences
 
 @dataclass
 class SamplingConfig:
@@ -83,20 +84,8 @@ class Rollout:
         """Build the padded layout from per-row token lists (prompts left-padded, responses right-padded)."""
         if len(prompts) != len(responses):
             raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
-        prompt_width = max((len(p) for p in prompts), default=0)
-        response_width = max((len(r) for r in responses), default=0)
-        batch_size = len(prompts)
-        prompt_ids = torch.full((batch_size, prompt_width), pad_token_id, dtype=torch.long)
-        prompt_mask = torch.zeros(batch_size, prompt_width, dtype=torch.bool)
-        response_ids = torch.full((batch_size, response_width), pad_token_id, dtype=torch.long)
-        response_mask = torch.zeros(batch_size, response_width, dtype=torch.bool)
-        for row, (prompt, response) in enumerate(zip(prompts, responses)):
-            if prompt:
-                prompt_ids[row, prompt_width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
-                prompt_mask[row, prompt_width - len(prompt):] = True
-            if response:
-                response_ids[row, : len(response)] = torch.tensor(response, dtype=torch.long)
-                response_mask[row, : len(response)] = True
+        prompt_ids, prompt_mask = pad_sequences(prompts, pad_token_id, "left")
+        response_ids, response_mask = pad_sequences(responses, pad_token_id, "right")
         return cls(prompt_ids, prompt_mask, response_ids, response_mask).to(device)
 
     def to_token_lists(self) -> tuple[list[list[int]], list[list[int]]]:
@@ -138,22 +127,19 @@ class Rollout:
             "position_ids": positions_from_mask(attention_mask),
         }
 
-    def labels(self) -> Tensor:
-        """[B, P+R]: response token ids where response_mask, else -100 (HF convention: the caller shifts)."""
-        response_labels = self.response_ids.masked_fill(~self.response_mask, IGNORE_INDEX)
-        prompt_labels = torch.full_like(self.prompt_ids, IGNORE_INDEX)
-        return torch.cat([prompt_labels, response_labels], dim=1)
 
-    def align_to_response(self, logits: Tensor) -> Tensor:
-        """Logits over ``model_inputs()`` [B, P+R, V] → [B, R, V], where [:, r] predicts response_ids[:, r].
+def response_logits(model: nn.Module, rollout: Rollout, vocab_size: int | None = None) -> Tensor:
+    """[B, R, V] logits of ``model`` over ``rollout``, where [:, r] predicts ``response_ids[:, r]``.
 
-        The prediction of response token r sits one step earlier, at column P-1+r; the last prompt
-        column is always a real token because prompts are left-padded and non-empty.
-        """
-        prompt_width, response_width = self.prompt_ids.size(1), self.response_ids.size(1)
-        if prompt_width == 0:
-            raise ValueError("a rollout needs at least one prompt token per row to predict its response")
-        return logits[:, prompt_width - 1 : prompt_width - 1 + response_width]
+    Only the last R + 1 positions go through the output layer (``logits_to_keep``), so the prompt
+    never costs a [P, V] block, and the vocabulary is cut to ``vocab_size`` (padded embedding rows).
+    """
+    if rollout.prompt_ids.size(1) == 0:
+        raise ValueError("a rollout needs at least one prompt token per row to predict its response")
+    response_width = rollout.response_ids.size(1)
+    # Column P-1+r of the full sequence predicts response token r: the last R+1 columns, less the last.
+    logits = model(**rollout.model_inputs(), use_cache=False, logits_to_keep=response_width + 1).logits
+    return logits[:, :response_width, :vocab_size]  # the last column predicts past the sequence
 
 
 def positions_from_mask(attention_mask: Tensor) -> Tensor:
@@ -234,6 +220,11 @@ def token_id_tensor(token_ids: int | Sequence[int], device: torch.device) -> Ten
     return torch.as_tensor([token_ids] if isinstance(token_ids, int) else list(token_ids), device=device)
 
 
+def _all_reduce(value: Tensor, op) -> Tensor:
+    dist.all_reduce(value, op=op)
+    return value
+
+
 def row_generators(seeds: Tensor, device: torch.device) -> list[torch.Generator]:
     """One ``torch.Generator`` on ``device`` per row, seeded from ``seeds`` [B] int64."""
     return [torch.Generator(device=device).manual_seed(int(seed)) for seed in seeds.tolist()]
@@ -251,6 +242,7 @@ def sample(
     seeds: Tensor | None = None,
     vocab_size: int | None = None,
     max_length: int | Tensor | None = None,
+    synced: bool = False,
 ) -> Rollout:
     """Sample a response per prompt with a KV cache: one prefill over the prompts, then one token per step.
 
@@ -265,6 +257,9 @@ def sample(
             sample does not depend on the other rows or on its padding. None: global torch RNG.
         vocab_size: logits are cut to [..., :vocab_size] so padded embedding rows are never sampled.
         max_length: cap on prompt real length + response length, an int or one per row [B].
+        synced: keep decoding (finished rows only feed padding) until every rank of the process
+            group has finished. Needed when a forward is a collective, as under FSDP: a rank that
+            stopped early would leave the others waiting. The result is the same as unsynced.
 
     Runs under ``torch.no_grad`` (not ``inference_mode``), so the ids can feed a forward with grad.
 
@@ -284,6 +279,9 @@ def sample(
         budgets = torch.minimum(budgets, torch.as_tensor(max_length, device=device) - prompt_lengths).clamp_min(0)
     done = budgets == 0  # [B]
     max_steps = int(budgets.max()) if budgets.numel() else 0
+    synced = synced and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    if synced:
+        max_steps = int(_all_reduce(torch.tensor(max_steps, device=device), dist.ReduceOp.MAX))
 
     response_tokens: list[Tensor] = []  # per step: [B]
     response_real: list[Tensor] = []  # per step: [B] bool
@@ -306,11 +304,15 @@ def sample(
             active = (~done).nonzero().squeeze(-1)  # only live rows draw, so a row's RNG stream is its own
             tokens = torch.full_like(prompt_lengths, pad_token_id)
             active_generators = [generators[i] for i in active.tolist()] if generators is not None else None
-            tokens[active] = choose_tokens(logits[active], config, active_generators)
+            if active.numel():  # none when this rank is done and only keeps pace with others (synced)
+                tokens[active] = choose_tokens(logits[active], config, active_generators)
             response_tokens.append(tokens)
             response_real.append(~done)
             done = done | torch.isin(tokens, eos_ids) | (step + 1 >= budgets)
-            if bool(done.all()):
+            all_done = done.all()
+            if synced:
+                all_done = _all_reduce(all_done.int(), dist.ReduceOp.MIN).bool()
+            if bool(all_done):
                 break
             input_ids = tokens[:, None]  # [B, 1]
             attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], dim=1)
@@ -322,6 +324,9 @@ def sample(
     if response_tokens:
         response_ids = torch.stack(response_tokens, dim=1)  # [B, R]
         response_mask = torch.stack(response_real, dim=1)
+        if synced:  # steps run only for other ranks are padding everywhere here: drop them
+            width = int(response_mask.sum(-1).max())
+            response_ids, response_mask = response_ids[:, :width], response_mask[:, :width]
     else:
         response_ids = prompt_ids.new_empty(prompt_ids.size(0), 0)
         response_mask = prompt_mask.new_empty(prompt_ids.size(0), 0)

@@ -21,6 +21,7 @@ from functools import partial
 from typing import Literal
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
 from mgsr_lightning.generation import (
@@ -28,6 +29,7 @@ from mgsr_lightning.generation import (
     SamplingConfig,
     eval_mode,
     pack_tokens,
+    response_logits,
     row_generators,
     sample,
     token_id_tensor,
@@ -83,8 +85,8 @@ class ScrgResult:
     """The revised rollout, the teacher logits over it when they were computed, and diagnostics."""
 
     rollout: Rollout
-    # Teacher logits [B, P+R, V_teacher] over rollout.model_inputs() of the final sequence when the
-    # last scoring round left every row unchanged, else None; the caller reuses them for its losses.
+    # Teacher response logits [B, R, V] (``response_logits``) of the final sequence when the last
+    # scoring round left every row unchanged, else None; the caller reuses them for its losses.
     teacher_logits: Tensor | None
     stats: dict[str, float] = field(default_factory=dict)
 
@@ -104,7 +106,7 @@ def find_error_positions(
 
     Args:
         teacher_logits, student_logits: [B, R, V], aligned with the response: [:, r] predicts
-            response_ids[:, r] (see ``Rollout.align_to_response``), already cut to the shared vocabulary.
+            response_ids[:, r] (see ``generation.response_logits``), already cut to the shared vocabulary.
         response_ids: [B, R] the student's tokens.
         response_mask: [B, R] bool, real response tokens incl. the ending EOS (which can be an error:
             the teacher may want to go on).
@@ -202,6 +204,7 @@ def revise(
     seeds: Tensor | None = None,
     vocab_size: int | None = None,
     max_length: int | None = None,
+    synced: bool = False,
 ) -> ScrgResult:
     """Correct each rollout up to ``config.n_corrections`` times and let the student re-generate.
 
@@ -221,10 +224,12 @@ def revise(
             them, so each row's result is independent of the batch. None: global torch RNG.
         vocab_size: logits are cut to [..., :vocab_size] before scoring and sampling.
         max_length: cap on prompt + response length per row.
+        synced: every rank of the process group runs the same number of forwards (a round ends
+            only when no rank has an error; re-generation runs on every rank), as FSDP needs.
 
     Returns:
-        ``ScrgResult`` with the revised rollout (prompts unchanged), the teacher logits of the final
-        sequence when the last round computed them on it, and stats: ``corrected_fraction`` (rows
+        ``ScrgResult`` with the revised rollout (prompts unchanged), the teacher's response logits
+        [B, R, V] of the final sequence when the last round computed them on it, and stats: ``corrected_fraction`` (rows
         corrected at least once), ``mean_error_position`` (mean j over all corrections, 0.0 if none),
         ``mean_regenerated_tokens`` (student tokens re-generated per corrected row) and ``seconds``.
     """
@@ -240,15 +245,14 @@ def revise(
 
     with eval_mode(student, teacher):
         for round_index in range(config.n_corrections):
-            inputs = rollout.model_inputs()
-            teacher_logits = teacher(**inputs).logits  # [B, P+R, V_teacher]
-            student_logits = student(**inputs).logits  # [B, P+R, V_student]
+            teacher_logits = response_logits(teacher, rollout, vocab_size)  # [B, R, V]
+            student_logits = response_logits(student, rollout, vocab_size)
             teacher_generators = None
             if config.teacher_token == "sample" and seeds is not None:
                 teacher_generators = row_generators(derive_seeds(seeds, round_index, "teacher_token"), device)
             errors = find_error_positions(
-                rollout.align_to_response(teacher_logits)[..., :vocab_size],  # [B, R, V]
-                rollout.align_to_response(student_logits)[..., :vocab_size],
+                teacher_logits,
+                student_logits,
                 rollout.response_ids,
                 rollout.response_mask,
                 start=start,
@@ -256,7 +260,7 @@ def revise(
                 teacher_token=config.teacher_token,
                 generator=teacher_generators,
             )
-            if not bool(errors.has_error.any()):
+            if not _any_rank(errors.has_error.any(), synced):
                 final_teacher_logits = teacher_logits
                 break
             round_seeds = derive_seeds(seeds, round_index, "regenerate") if seeds is not None else None
@@ -270,6 +274,7 @@ def revise(
                 seeds=round_seeds,
                 vocab_size=vocab_size,
                 max_length=max_length,
+                synced=synced,
             )
             corrected |= errors.has_error
             regenerated_tokens += regenerated
@@ -287,6 +292,14 @@ def revise(
     return ScrgResult(rollout=rollout, teacher_logits=final_teacher_logits, stats=stats)
 
 
+def _any_rank(flag: Tensor, synced: bool) -> bool:
+    """``flag`` (0-dim bool) on this rank, or on any rank of the process group when ``synced``."""
+    if synced and dist.is_available() and dist.is_initialized():
+        flag = flag.int()
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag)
+
+
 def _correct_and_regenerate(
     student: nn.Module,
     rollout: Rollout,
@@ -298,6 +311,7 @@ def _correct_and_regenerate(
     seeds: Tensor | None,
     vocab_size: int | None,
     max_length: int | None,
+    synced: bool = False,
 ) -> tuple[Rollout, Tensor]:
     """Write the teacher token at each error, drop what follows, re-generate; returns (rollout, [B] new tokens)."""
     batch_size, response_width = rollout.response_ids.shape
@@ -324,8 +338,11 @@ def _correct_and_regenerate(
 
     continuation_ids = rollout.response_ids.new_full((batch_size, 0), pad_token_id)  # [B, C]
     continuation_mask = keep.new_zeros(batch_size, 0)
-    if bool(needs_regeneration.any()):
-        rows = needs_regeneration.nonzero().squeeze(-1)  # [N]
+    if _any_rank(needs_regeneration.any(), synced):
+        # Synced: every row takes part (the others with no budget) so that all ranks run the same forwards.
+        rows = torch.arange(batch_size, device=device) if synced else needs_regeneration.nonzero().squeeze(-1)  # [N]
+        contexts_end = prompt_lengths + keep.sum(-1)
+        caps = torch.where(needs_regeneration, length_caps, contexts_end)[rows]
         # The new prompts (prompt + corrected prefix) differ in length: re-left-pad them.
         context_ids, context_mask = pack_tokens(
             torch.cat([rollout.prompt_ids, prefix_ids], dim=1)[rows],
@@ -342,7 +359,8 @@ def _correct_and_regenerate(
             pad_token_id=pad_token_id,
             seeds=seeds[rows] if seeds is not None else None,
             vocab_size=vocab_size,
-            max_length=length_caps[rows],
+            max_length=caps,
+            synced=synced,
         )
         continuation_ids = continuation_ids.new_full((batch_size, continuation.response_ids.size(1)), pad_token_id)
         continuation_mask = continuation_mask.new_zeros(batch_size, continuation.response_ids.size(1))

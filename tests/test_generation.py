@@ -13,6 +13,7 @@ from mgsr_lightning.generation import (
     choose_tokens,
     filter_logits,
     pack_tokens,
+    response_logits,
     sample,
 )
 
@@ -110,14 +111,15 @@ def test_rollout_layout_positions_labels_and_alignment():
     assert inputs["input_ids"].tolist() == [[5, 6, 20, 0, PAD], [PAD, 7, 21, 22, 23]]
     assert inputs["attention_mask"].tolist() == [[1, 1, 1, 1, 0], [0, 1, 1, 1, 1]]
     assert inputs["position_ids"].tolist() == [[0, 1, 2, 3, 3], [0, 0, 1, 2, 3]]
-    assert rollout.labels().tolist() == [[-100, -100, 20, 0, -100], [-100, -100, 21, 22, 23]]
     assert rollout.prompt_lengths().tolist() == [2, 1]
     assert rollout.response_lengths().tolist() == [2, 3]
     assert rollout.to_token_lists() == ([[5, 6], [7]], [[20, 0], [21, 22, 23]])
 
-    # Column P-1+r of the full logits predicts response token r.
-    logits = torch.arange(5.0)[None, :, None].expand(2, 5, 1)
-    assert rollout.align_to_response(logits)[0, :, 0].tolist() == [1.0, 2.0, 3.0]
+    # Column P-1+r of the full logits predicts response token r; response_logits keeps only those.
+    model = build_tiny_model("gpt2", VOCAB, n_layer=1)
+    full = model(**inputs).logits  # [B, P+R, V]
+    torch.testing.assert_close(response_logits(model, rollout), full[:, 1:4])
+    torch.testing.assert_close(response_logits(model, rollout, vocab_size=7), full[:, 1:4, :7])
 
     assert rollout.select(torch.tensor([1])).to_token_lists() == ([[7]], [[21, 22, 23]])
 
@@ -288,9 +290,9 @@ def test_rollout_feeds_a_student_forward_with_grad():
     assert not rollout.response_ids.is_inference()
 
     student.train()
-    logits = student(**rollout.model_inputs()).logits  # [B, P+R, V]
-    labels = rollout.labels()
-    loss = nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
+    logits = response_logits(student, rollout)  # [B, R, V]
+    labels = rollout.response_ids.masked_fill(~rollout.response_mask, -100)
+    loss = nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
     loss.backward()
     assert student.lm_head.weight.grad is not None and student.lm_head.weight.grad.abs().sum() > 0
 

@@ -23,7 +23,7 @@ from test_generation import (
     with_output_bias,
 )
 
-from mgsr_lightning.generation import Rollout, SamplingConfig, row_generators, sample
+from mgsr_lightning.generation import Rollout, SamplingConfig, response_logits, row_generators, sample
 from mgsr_lightning.scrg import ScrgConfig, derive_seeds, find_error_positions, revise
 
 
@@ -212,10 +212,9 @@ def responses(result) -> list[list[int]]:
 
 def score(student, teacher, rollout: Rollout):
     """``find_error_positions`` on one teacher and one student forward over the rollout, as in round 1 of ``revise``."""
-    inputs = rollout.model_inputs()
     return find_error_positions(
-        rollout.align_to_response(teacher(**inputs).logits),
-        rollout.align_to_response(student(**inputs).logits),
+        response_logits(teacher, rollout),
+        response_logits(student, rollout),
         rollout.response_ids,
         rollout.response_mask,
     )
@@ -254,7 +253,7 @@ def test_second_correction_comes_after_the_first():
     # A third round finds nothing after position 6, so the teacher logits it computed are the final ones.
     three = run_revise(student, teacher, rollout, ScrgConfig(n_corrections=3))
     assert responses(three) == responses(two)
-    assert torch.equal(three.teacher_logits, teacher(**three.rollout.model_inputs()).logits)
+    assert torch.equal(three.teacher_logits, response_logits(teacher, three.rollout))
 
 
 def test_left_padding_and_batch_company_do_not_change_the_result():
@@ -288,7 +287,7 @@ def test_rows_without_a_mismatch_are_untouched():
     clean = batch.select(torch.tensor([1]))
     untouched = run_revise(student, teacher, clean)
     assert untouched.rollout is clean  # bit for bit: the very same tensors
-    assert torch.equal(untouched.teacher_logits, teacher(**clean.model_inputs()).logits)
+    assert torch.equal(untouched.teacher_logits, response_logits(teacher, clean))
     assert untouched.stats["corrected_fraction"] == 0.0 and untouched.stats["mean_error_position"] == 0.0
 
 
@@ -344,7 +343,7 @@ def test_empty_responses_are_left_alone_and_modes_restored():
     result = run_revise(student, teacher, rollout)
 
     assert result.rollout is rollout
-    assert result.teacher_logits.shape == (2, 2, VOCAB)
+    assert result.teacher_logits.shape == (2, 0, VOCAB)
     assert student.training and not teacher.training
 
 
