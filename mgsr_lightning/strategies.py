@@ -1,18 +1,23 @@
 """Sharding a teacher/student pair with FSDP, configured from YAML.
 
-``FSDPStrategy``'s ``auto_wrap_policy`` takes Python classes, which a YAML config cannot name
-directly; :class:`DecoderLayerFSDP` takes their import paths instead. Teacher and student layers
-become separate FSDP units, so the frozen teacher is sharded across devices like the student
-(a 13B teacher never has to fit on one GPU), and ``use_orig_params`` lets frozen and trainable
-parameters share the root unit.
+``FSDPStrategy``'s ``auto_wrap_policy`` takes Python objects, which a YAML config cannot name
+directly; :class:`DecoderLayerFSDP` takes the decoder layer classes' import paths instead and
+builds the policy: every decoder layer is an FSDP unit, and so is the frozen teacher as a whole.
+The teacher being its own unit keeps its (bf16, frozen) parameters out of the root unit, whose
+student embeddings and ClipNet are fp32 and trainable: FSDP flattens one dtype per unit. So the
+teacher is sharded across devices like the student, and a 13B teacher never has to fit on one.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 from typing import Any
 
 from lightning.pytorch.strategies import FSDPStrategy
+from torch import nn
+from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy
+from transformers import PreTrainedModel
 
 
 def import_class(path: str) -> type:
@@ -23,8 +28,13 @@ def import_class(path: str) -> type:
         raise ImportError(f"cannot import {path!r} (a layer class for FSDP wrapping): {error}") from error
 
 
+def is_frozen_model(module: nn.Module) -> bool:
+    """A whole pretrained model none of whose parameters train: the teacher."""
+    return isinstance(module, PreTrainedModel) and not any(p.requires_grad for p in module.parameters())
+
+
 class DecoderLayerFSDP(FSDPStrategy):
-    """FSDP that wraps every decoder layer class named in ``layer_classes``.
+    """FSDP that wraps every decoder layer class named in ``layer_classes``, and the frozen teacher.
 
     Args:
         layer_classes: Import paths of the transformer block classes to wrap, e.g.
@@ -34,8 +44,11 @@ class DecoderLayerFSDP(FSDPStrategy):
     """
 
     def __init__(self, layer_classes: list[str], activation_checkpointing: bool = False, **kwargs: Any):
-        classes = {import_class(path) for path in layer_classes}
+        classes = tuple(import_class(path) for path in layer_classes)
         kwargs.setdefault("use_orig_params", True)
         if activation_checkpointing:
-            kwargs["activation_checkpointing_policy"] = classes
-        super().__init__(auto_wrap_policy=classes, **kwargs)
+            kwargs["activation_checkpointing_policy"] = set(classes)
+        policy = functools.partial(
+            lambda_auto_wrap_policy, lambda_fn=lambda module: isinstance(module, classes) or is_frozen_model(module)
+        )
+        super().__init__(auto_wrap_policy=policy, **kwargs)
