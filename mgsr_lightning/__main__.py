@@ -38,6 +38,7 @@ def _pipeline_commands():
 
 
 def main(argv: list[str] | None = None) -> None:
+    from_command_line = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if not argv or argv[0] in ("-h", "--help"):
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     from mgsr_lightning.cli import run_cli
 
-    run_cli(argv)
+    run_cli(None if from_command_line else argv)  # None: LightningCLI reads sys.argv itself
 
 
 if __name__ == "__main__":

@@ -60,13 +60,22 @@ def load_config_text(text: str) -> Any:
 set_loader(PARSER_MODE, load_config_text, exceptions=(yaml.YAMLError,))
 
 
+def training_seed(seed_everything: bool | int | None) -> int:
+    """``seed_everything`` as an int seed (``true``/``false``/unset give 0)."""
+    return seed_everything if isinstance(seed_everything, int) and not isinstance(seed_everything, bool) else 0
+
+
 class DistillCLI(LightningCLI):
-    """LightningCLI with the data module's tokenizer, EOS and length limits linked into the model."""
+    """LightningCLI with the data module's tokenizer, EOS and length limits linked into the model, and
+    ``seed_everything`` linked into the data order and the module's own seed: one training seed
+    varies initialisation, data order, the regime's choices and the rollouts."""
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("data.tokenizer", "model.init_args.tokenizer")
         parser.link_arguments("data.eos_token", "model.init_args.eos_token")
         parser.link_arguments("data.max_length", "model.init_args.max_length")
+        parser.link_arguments("seed_everything", "data.seed", compute_fn=training_seed)
+        parser.link_arguments("seed_everything", "model.init_args.seed", compute_fn=training_seed)
 
 
 def run_cli(args: list[str] | None = None, run: bool = True) -> DistillCLI:

@@ -33,7 +33,7 @@ class ModelSource:
             kept in bf16/fp16 to halve its memory while the student trains under a precision plugin.
         revision: Hub revision (branch, tag or commit) for reproducible downloads.
         trust_remote_code: Passed to ``from_pretrained`` for architectures outside transformers.
-        seed: Seed for the random initialisation of a config-built model.
+        seed: Seed for the random initialisation of a config-built model (default: the module's seed).
     """
 
     name_or_path: str | None = None
@@ -42,7 +42,7 @@ class ModelSource:
     dtype: str = "float32"
     revision: str | None = None
     trust_remote_code: bool = False
-    seed: int = 0
+    seed: int | None = None
 
     def describe(self) -> str:
         if self.name_or_path:
@@ -93,7 +93,7 @@ def load_causal_lm(
                 overrides.setdefault(key, value)
         config = AutoConfig.for_model(**overrides)
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(source.seed)
+        torch.manual_seed(source.seed or 0)
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     return model
 

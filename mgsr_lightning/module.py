@@ -18,17 +18,19 @@ when needed); nothing else has to change.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import random
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import lightning as L
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
-from lightning.pytorch.utilities import rank_zero_only
 from torch import Tensor
 from torchmetrics import MeanMetric
 from transformers import PreTrainedModel, get_scheduler
@@ -36,15 +38,18 @@ from transformers import PreTrainedModel, get_scheduler
 from mgsr_lightning.evaluation.evaluate import decode_responses, example_seeds
 from mgsr_lightning.evaluation.metrics import ExactMatch, RougeL
 from mgsr_lightning.export import export_student
-from mgsr_lightning.generation import Rollout, SamplingConfig, sample
+from mgsr_lightning.generation import Rollout, SamplingConfig, response_logits, sample
 from mgsr_lightning.losses import DIVERGENCES, ClipNet, dac_kl, span_correlation_loss
 from mgsr_lightning.models import ModelSource, check_vocabularies, load_causal_lm
 from mgsr_lightning.regimes import RegimeConfig, TeacherGenerated, build_regime
 from mgsr_lightning.scrg import ScrgConfig, revise
 from mgsr_lightning.spans import TextChunkSpanPrior, TokenSpanPrior, spacy_chunker
-from mgsr_lightning.tokenizer import load_tokenizer, token_id
+from mgsr_lightning.tokenizer import load_tokenizer, token_id, tokenizer_of
 
 log = logging.getLogger(__name__)
+
+# The teacher is in eval mode on purpose (no dropout); Lightning warns about any module in eval mode.
+warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode at the start of training")
 
 DistillLossName = Literal[
     "forward_kl", "reverse_kl", "symmetric_kl", "skew_forward_kl", "skew_reverse_kl",
@@ -130,10 +135,15 @@ class ValidationConfig:
     max_new_tokens: int | None = None
 
 
-def shift_free_cross_entropy(response_logits: Tensor, sequences: Rollout) -> Tensor:
-    """Mean next-token CE over real response tokens; ``response_logits`` [B,R,V] predict ``response_ids``."""
-    labels = sequences.response_ids.masked_fill(~sequences.response_mask, -100)
-    return F.cross_entropy(response_logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100)
+def response_cross_entropy(logits: Tensor, sequences: Rollout) -> Tensor:
+    """Mean cross-entropy over the real response tokens of ``sequences``.
+
+    ``logits`` [B, R, V] are response-aligned (``response_logits``): [:, r] predicts ``response_ids[:, r]``.
+    Prompt and padding never count; with no response token at all the result is 0, not NaN.
+    """
+    per_token = F.cross_entropy(logits.float().flatten(0, 1), sequences.response_ids.flatten(), reduction="none")
+    mask = sequences.response_mask.flatten()
+    return (per_token * mask).sum() / mask.sum().clamp_min(1)
 
 
 class DistillLightningModule(L.LightningModule):
@@ -157,6 +167,9 @@ class DistillLightningModule(L.LightningModule):
         validation: Validation generation metrics.
         export_dir: Folder the student is saved to in Hugging Face format at the end of fit (the
             checkpoint with the best monitored metric when a ``ModelCheckpoint`` monitors one).
+        seed: Seed of the module's own random draws: config-built models' initialisation (unless
+            their source sets one), the regime's choices and the rollouts' sampling. The CLI links
+            it to ``seed_everything``, so one training seed varies all of them.
     """
 
     def __init__(
@@ -176,6 +189,7 @@ class DistillLightningModule(L.LightningModule):
         optimizer: OptimizerConfig = OptimizerConfig(),
         validation: ValidationConfig = ValidationConfig(),
         export_dir: str | None = None,
+        seed: int = 0,
     ):
         super().__init__()
         self.save_hyperparameters()
@@ -190,7 +204,7 @@ class DistillLightningModule(L.LightningModule):
         self.sft_weight, self.sft_on = sft_weight, sft_on
         self.distill, self.span, self.regime_config, self.scrg = distill, span, regime, scrg
         self.sampling, self.optimizer_config, self.validation_config = sampling, optimizer, validation
-        self.export_dir = export_dir
+        self.export_dir, self.seed = export_dir, seed
         self.clip_net = self._build_clip_net()
         self.student: PreTrainedModel | None = None
         self.teacher: PreTrainedModel | None = None
@@ -202,6 +216,7 @@ class DistillLightningModule(L.LightningModule):
         self.val_exact_match = ExactMatch()
         self._teacher_logits_for: tuple[Rollout, Tensor] | None = None
         self._rng_states_to_restore: dict[str, Any] | None = None
+        self.rollout_stats: dict[str, float] = {}
 
     # ---- model-loading hooks: override these for a new model pair ---------------------------------
 
@@ -211,15 +226,18 @@ class DistillLightningModule(L.LightningModule):
 
     def load_student(self) -> PreTrainedModel:
         """The student, trainable. Override to add LoRA, gradient checkpointing, a custom class, ..."""
-        return load_causal_lm(self.student_source, len(self.tokenizer), self._special_token_ids())
+        return load_causal_lm(self._seeded(self.student_source), len(self.tokenizer), self.special_token_ids())
 
     def load_teacher(self) -> PreTrainedModel | None:
         """The teacher; it is frozen and put in eval mode after this returns."""
         if self.teacher_source is None:
             return None
-        return load_causal_lm(self.teacher_source, len(self.tokenizer), self._special_token_ids())
+        return load_causal_lm(self._seeded(self.teacher_source), len(self.tokenizer), self.special_token_ids())
 
-    def _special_token_ids(self) -> dict[str, int | None]:
+    def _seeded(self, source: ModelSource) -> ModelSource:
+        return source if source.seed is not None else dataclasses.replace(source, seed=self.seed)
+
+    def special_token_ids(self) -> dict[str, int | None]:
         t = self.tokenizer
         return {"bos_token_id": t.bos_token_id, "eos_token_id": self.eos_token_id, "pad_token_id": t.pad_token_id}
 
@@ -249,9 +267,16 @@ class DistillLightningModule(L.LightningModule):
             teacher.requires_grad_(False)
             self.teacher = teacher
         models = {"student": self.student} | ({"teacher": self.teacher} if self.teacher is not None else {})
-        self.vocab_size = check_vocabularies(len(self.tokenizer), models)
+        own_tokenizers = {"data": self.tokenizer} | {
+            role: tokenizer_of(source.name_or_path, source.gguf_file)
+            for role, source in (("student", self.student_source), ("teacher", self.teacher_source))
+            if source is not None and source.name_or_path
+        }
+        self.vocab_size = check_vocabularies(len(self.tokenizer), models, own_tokenizers)
+        # Parameter names are read before any sharding wrapper flattens the parameters.
+        self._no_decay_names = {name for name, p in self.student.named_parameters() if p.ndim < 2 or "norm" in name.lower()}
         if self.regime is None:
-            self.regime = build_regime(self.regime_config, self.tokenizer.pad_token_id)
+            self.regime = build_regime(self.regime_config, self.tokenizer.pad_token_id, self.seed)
         if self.span_prior is None and self.span.weight > 0:
             if self.span.prior == "tokens":
                 self.span_prior = TokenSpanPrior.from_tokenizer(self.tokenizer)
@@ -269,19 +294,27 @@ class DistillLightningModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if not k.startswith("teacher.")}
         if self.regime is not None:
-            checkpoint["regime"] = self.regime.state_dict()
-        # dropout and any global-RNG draw continue as in an uninterrupted run
-        checkpoint["rng_states"] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+            # one state per rank: each rank's replay buffer holds its own sequences
+            checkpoint["regime"] = _gather_per_rank(self.regime.state_dict())
+        # dropout and any global-RNG draw continue as in an uninterrupted run, on every rank
+        rng_states = {"torch": torch.get_rng_state(), "python": random.getstate()}
         if torch.cuda.is_available():
-            checkpoint["rng_states"]["cuda"] = torch.cuda.get_rng_state_all()
+            rng_states["cuda"] = torch.cuda.get_rng_state_all()
+        checkpoint["rng_states"] = _gather_per_rank(rng_states)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._build_student_side()  # `load_from_checkpoint` builds the module without the Trainer
         if self.regime is None:
-            self.regime = build_regime(self.regime_config, self.tokenizer.pad_token_id)
+            self.regime = build_regime(self.regime_config, self.tokenizer.pad_token_id, self.seed)
         if "regime" in checkpoint:
-            self.regime.load_state_dict(checkpoint["regime"])
-        self._rng_states_to_restore = checkpoint.get("rng_states")
+            self.regime.load_state_dict(self._own_state(checkpoint["regime"]))
+        if "rng_states" in checkpoint:
+            self._rng_states_to_restore = self._own_state(checkpoint["rng_states"])
+
+    def _own_state(self, per_rank: list[Any]) -> Any:
+        """This rank's entry of a per-rank list saved in a checkpoint (rank 0's on another world size)."""
+        rank = self.global_rank if self._trainer is not None else 0
+        return per_rank[rank] if rank < len(per_rank) else per_rank[0]
 
     def on_train_start(self) -> None:
         # restored here rather than at load time: set-up between the two draws from the global RNG
@@ -303,8 +336,7 @@ class DistillLightningModule(L.LightningModule):
 
     def _logits(self, model: PreTrainedModel, sequences: Rollout) -> Tensor:
         """[B, R, V] logits predicting each response token, cut to the shared vocabulary."""
-        logits = model(**sequences.model_inputs(), use_cache=False).logits
-        return sequences.align_to_response(logits)[..., : self.vocab_size]
+        return response_logits(model, sequences, self.vocab_size)
 
     def _teacher_logits(self, sequences: Rollout) -> Tensor:
         if self._teacher_logits_for is not None and self._teacher_logits_for[0] is sequences:
@@ -313,28 +345,50 @@ class DistillLightningModule(L.LightningModule):
             return self._logits(self.teacher, sequences)
 
     def _rollout_seeds(self, batch_size: int) -> Tensor:
-        # A function of (step, rank, row) only: a resumed run samples what the uninterrupted one would.
-        base = (self.global_step * max(self.trainer.world_size, 1) + self.global_rank) * batch_size if self._trainer else 0
-        return torch.arange(base, base + batch_size, dtype=torch.long) + 1_000_003
+        # A function of (seed, batch, rank, row) only, so a resumed run samples what the uninterrupted
+        # one would; batches rather than optimizer steps, so accumulated micro-batches differ.
+        batch_index = self.trainer.fit_loop.total_batch_idx if self._trainer is not None else 0
+        world, rank = (self.trainer.world_size, self.global_rank) if self._trainer is not None else (1, 0)
+        first_row = ((self.seed * 1_000_003 + batch_index) * world + rank) * batch_size
+        return torch.arange(first_row, first_row + batch_size, dtype=torch.long)
+
+    @property
+    def _synced(self) -> bool:
+        # Every forward is a collective when parameters are sharded: ranks decode in lockstep.
+        return self._trainer is not None and self.trainer.world_size > 1
+
+    def _sample(self, model: PreTrainedModel, prompts: Rollout, config: SamplingConfig, seeds: Tensor) -> Rollout:
+        return sample(
+            model, prompts.prompt_ids, prompts.prompt_mask, config, **self._sampling_ids(), seeds=seeds,
+            vocab_size=self.vocab_size, max_length=self.max_length, synced=self._synced,
+        )
+
+    def _sampling_ids(self) -> dict[str, int]:
+        return {"eos_token_id": self.eos_token_id, "pad_token_id": self.tokenizer.pad_token_id}
 
     def student_outputs(self, ground_truth: Rollout) -> Rollout:
-        """Fresh student responses to the batch's prompts, revised by SCRG when it is on."""
+        """Fresh student responses to the batch's prompts, revised by SCRG when it is on.
+
+        Timings and SCRG's correction statistics of the call are kept in ``rollout_stats`` and logged.
+        """
         started = time.perf_counter()
         seeds = self._rollout_seeds(ground_truth.batch_size)
-        common = dict(
-            eos_token_id=self.eos_token_id, pad_token_id=self.tokenizer.pad_token_id, seeds=seeds,
-            vocab_size=self.vocab_size, max_length=self.max_length,
-        )
-        rollout = sample(self.student, ground_truth.prompt_ids, ground_truth.prompt_mask, self.sampling, **common)
-        self._log_dict({"rollout/seconds": time.perf_counter() - started, "rollout/response_tokens": rollout.response_mask.sum(-1).float().mean()})
-        if self.scrg is None:
-            return rollout
-        result = revise(self.student, self.teacher, rollout, self.scrg, self.sampling, **common)
-        if result.teacher_logits is not None:
-            logits = result.rollout.align_to_response(result.teacher_logits)[..., : self.vocab_size]
-            self._teacher_logits_for = (result.rollout, logits)
-        self._log_dict({f"scrg/{k}": v for k, v in result.stats.items()})
-        return result.rollout
+        rollout = self._sample(self.student, ground_truth, self.sampling, seeds)
+        self.rollout_stats = {
+            "rollout/seconds": time.perf_counter() - started,
+            "rollout/response_tokens": float(rollout.response_mask.sum(-1).float().mean()),
+        }
+        if self.scrg is not None:
+            result = revise(
+                self.student, self.teacher, rollout, self.scrg, self.sampling, **self._sampling_ids(), seeds=seeds,
+                vocab_size=self.vocab_size, max_length=self.max_length, synced=self._synced,
+            )
+            if result.teacher_logits is not None:
+                self._teacher_logits_for = (result.rollout, result.teacher_logits)
+            self.rollout_stats |= {f"scrg/{k}": v for k, v in result.stats.items()}
+            rollout = result.rollout
+        self._log_dict(self.rollout_stats)
+        return rollout
 
     def distill_loss(self, student_logits: Tensor, teacher_logits: Tensor, mask: Tensor) -> Tensor:
         """The configured token-level term over ``mask``ed positions of [B, R, V] logits."""
@@ -353,9 +407,9 @@ class DistillLightningModule(L.LightningModule):
         terms: dict[str, Tensor] = {}
         if self.sft_weight > 0:
             if self.sft_on == "ground_truth" and sequences is not ground_truth:
-                terms["sft"] = shift_free_cross_entropy(self._logits(self.student, ground_truth), ground_truth)
+                terms["sft"] = response_cross_entropy(self._logits(self.student, ground_truth), ground_truth)
             else:
-                terms["sft"] = shift_free_cross_entropy(student_logits, sequences)
+                terms["sft"] = response_cross_entropy(student_logits, sequences)
         if self.distill is not None or self.span.weight > 0:
             teacher_logits = self._teacher_logits(sequences)
             if self.distill is not None:
@@ -365,7 +419,8 @@ class DistillLightningModule(L.LightningModule):
                 terms["span"] = span_correlation_loss(
                     student_logits, teacher_logits, mask, spans=spans, chunk_size=self.span.chunk_size
                 )
-                self._log_dict({"span/pairs_per_row": ((spans[:, 1:] == spans[:, :-1]) & (spans[:, 1:] >= 0)).sum(-1).float().mean()})
+                pairs = (spans[:, 1:] == spans[:, :-1]) & (spans[:, 1:] >= 0) & mask[:, 1:] & mask[:, :-1]
+                self._log_dict({"span/pairs_per_row": pairs.sum(-1).float().mean()})
         return terms
 
     def loss_weights(self) -> dict[str, float]:
@@ -379,7 +434,8 @@ class DistillLightningModule(L.LightningModule):
 
     def _log_dict(self, values: dict[str, Any]) -> None:
         if self._trainer is not None and self.trainer.training:
-            self.log_dict({k: float(v.detach() if isinstance(v, Tensor) else v) for k, v in values.items()}, on_step=True, on_epoch=False)
+            values = {k: v.detach().float() if isinstance(v, Tensor) else float(v) for k, v in values.items()}
+            self.log_dict(values, on_step=True, on_epoch=False)
 
     @staticmethod
     def ground_truth(batch: dict[str, Any]) -> Rollout:
@@ -399,23 +455,24 @@ class DistillLightningModule(L.LightningModule):
             self._prepare_teacher_responses()
 
     def _prepare_teacher_responses(self) -> None:
+        """SeqKD: the teacher answers every training prompt once (each rank a share), cached to disk."""
         from mgsr_lightning.data.collate import InstructionCollator
 
         datamodule = self.trainer.datamodule
         collate = InstructionCollator(self.tokenizer.pad_token_id)
 
         def generate(examples) -> list[list[int]]:
-            batch = self.transfer_batch_to_device(collate(examples), self.device, 0)
-            seeds = torch.tensor([e.index for e in examples], dtype=torch.long)
-            rollout = sample(
-                self.teacher, batch["prompt_ids"], batch["prompt_mask"], self.sampling, eos_token_id=self.eos_token_id,
-                pad_token_id=self.tokenizer.pad_token_id, seeds=seeds, vocab_size=self.vocab_size, max_length=self.max_length,
-            )
-            return rollout.to_token_lists()[1]
+            batch = Rollout(**{k: v.to(self.device) for k, v in collate(examples).items() if k.endswith(("_ids", "_mask"))})
+            seeds = torch.tensor([e.index for e in examples], dtype=torch.long) + self.seed * 1_000_003
+            return self._sample(self.teacher, batch, self.sampling, seeds).to_token_lists()[1]
 
+        path = self.regime.config.cache_path or f"{self.trainer.default_root_dir}/teacher_responses.pt"
+        identity = {"teacher": self.teacher_source.describe(), "sampling": dataclasses.asdict(self.sampling),
+                    "max_length": self.max_length, "seed": self.seed}
         self.regime.ensure_cache(
-            datamodule.datasets["train"].examples, generate, datamodule.hparams.eval_batch_size or datamodule.hparams.batch_size,
-            write=self.trainer.is_global_zero,
+            path, datamodule.datasets["train"].examples, generate,
+            datamodule.hparams.eval_batch_size or datamodule.hparams.batch_size, identity,
+            rank=self.global_rank, world_size=self.trainer.world_size,
         )
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
@@ -438,7 +495,7 @@ class DistillLightningModule(L.LightningModule):
         decay, no_decay = [], []
         for name, parameter in self.student.named_parameters():
             if parameter.requires_grad:
-                (no_decay if parameter.ndim < 2 or "norm" in name.lower() else decay).append(parameter)
+                (no_decay if _unwrapped(name) in self._no_decay_names else decay).append(parameter)
         groups = [{"params": decay, "weight_decay": c.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
         if self.clip_net is not None:
             groups.append({"params": list(self.clip_net.parameters()), "weight_decay": 0.0, "lr": self.distill.clip_net_lr})
@@ -452,27 +509,22 @@ class DistillLightningModule(L.LightningModule):
     def _generate_texts(self, batch: dict[str, Any], seed: int) -> list[str]:
         config = self.sampling
         if self.validation_config.max_new_tokens is not None:
-            config = SamplingConfig(**{**config.__dict__, "max_new_tokens": self.validation_config.max_new_tokens})
-        rollout = sample(
-            self.student, batch["prompt_ids"], batch["prompt_mask"], config, eos_token_id=self.eos_token_id,
-            pad_token_id=self.tokenizer.pad_token_id, seeds=example_seeds(seed, batch["example_index"].cpu()),
-            vocab_size=self.vocab_size, max_length=self.max_length,
-        )
-        return decode_responses(self.tokenizer, rollout)
+            config = dataclasses.replace(config, max_new_tokens=self.validation_config.max_new_tokens)
+        seeds = example_seeds(seed, batch["example_index"].cpu())
+        return decode_responses(self.tokenizer, self._sample(self.student, self.ground_truth(batch), config, seeds))
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         ground_truth = self.ground_truth(batch)
-        loss = shift_free_cross_entropy(self._logits(self.student, ground_truth), ground_truth)
+        loss = response_cross_entropy(self._logits(self.student, ground_truth), ground_truth)
         self.val_loss.update(loss, weight=ground_truth.response_mask.sum())
         self.log("val/loss", self.val_loss, prog_bar=True, batch_size=ground_truth.batch_size)
-        wanted = batch["example_index"] < self.validation_config.rouge_examples
-        if self.trainer.sanity_checking or not bool(wanted.any()):
+        # The first batches of every rank, decided alike on all ranks (generation is in lockstep).
+        examples_before = batch_idx * ground_truth.batch_size * self.trainer.world_size
+        if self.trainer.sanity_checking or examples_before >= self.validation_config.rouge_examples:
             return
-        rows = wanted.nonzero().squeeze(-1)
-        subset = {k: (v[rows] if isinstance(v, Tensor) else [v[i] for i in rows.tolist()]) for k, v in batch.items()}
-        predictions = self._generate_texts(subset, self.validation_config.seed)
-        self.val_rouge_l.update(predictions, subset["references"])
-        self.val_exact_match.update(predictions, subset["references"])
+        predictions = self._generate_texts(batch, self.validation_config.seed)
+        self.val_rouge_l.update(predictions, batch["references"])
+        self.val_exact_match.update(predictions, batch["references"])
         self.log("val/rougeL", self.val_rouge_l, prog_bar=True, batch_size=len(predictions))
         self.log("val/exact_match", self.val_exact_match, batch_size=len(predictions))
 
@@ -481,16 +533,31 @@ class DistillLightningModule(L.LightningModule):
             self.regime.on_validation_loss(float(self.val_loss.compute()))
 
     def on_fit_end(self) -> None:
+        """Export the student (the best checkpoint's when one is monitored) in Hugging Face format."""
         if self.export_dir is None:
             return
         checkpoint = self.trainer.checkpoint_callback
         best = getattr(checkpoint, "best_model_path", "") if checkpoint is not None and checkpoint.monitor else ""
         if best:
-            state = torch.load(best, map_location="cpu", weights_only=False)["state_dict"]
-            self.student.load_state_dict({k[len("student."):]: v for k, v in state.items() if k.startswith("student.")})
             log.info("exporting the best checkpoint %s", best)
-        self._export()
+            state = torch.load(best, map_location="cpu", weights_only=False)["state_dict"]
+        else:
+            state = self.trainer.strategy.lightning_module_state_dict()  # a collective under FSDP: all ranks
+        if self.trainer.is_global_zero:
+            student_state = {k[len("student."):]: v for k, v in state.items() if k.startswith("student.")}
+            export_student(self.student, self.tokenizer, self.export_dir, self.eos_token_id, student_state)
+        self.trainer.strategy.barrier("export")
 
-    @rank_zero_only
-    def _export(self) -> None:
-        export_student(self.student, self.tokenizer, self.export_dir, eos_token_id=self.eos_token_id)
+
+def _unwrapped(name: str) -> str:
+    """A parameter name without the prefixes sharding wrappers insert."""
+    return name.replace("_fsdp_wrapped_module.", "").replace("_checkpoint_wrapped_module.", "")
+
+
+def _gather_per_rank(state: Any) -> list[Any]:
+    """``[state of rank 0, state of rank 1, ...]`` on every rank (``[state]`` without a process group)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [state]
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, state)
+    return gathered

@@ -49,8 +49,10 @@ class RegimeConfig:
         capacity: ``adaptive_off_policy``: replay buffer size in sequences (oldest evicted first).
         replay_schedule: ``adaptive_off_policy``: ``decreasing`` (fresh-sample share decays linearly
             over training, DistiLLM's default) or ``constant`` (half the threshold throughout).
-        cache_path: ``teacher_generated``: file the teacher's responses are cached in.
-        seed: Seed of the regime's own random draws.
+        cache_path: ``teacher_generated``: file the teacher's responses are cached in (default:
+            ``teacher_responses.pt`` in the run's folder).
+
+    The regime's random draws come from its own generator, seeded by the module's ``seed``.
     """
 
     name: RegimeName = "ground_truth"
@@ -61,16 +63,21 @@ class RegimeConfig:
     capacity: int = 1000
     replay_schedule: Literal["decreasing", "constant"] = "decreasing"
     cache_path: str | None = None
-    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.capacity < 1:
+            raise ValueError(f"capacity must be at least 1, got {self.capacity}")
+        if not 0.0 <= self.lmbda <= 1.0 or not 0.0 <= self.init_threshold <= 1.0:
+            raise ValueError("lmbda and init_threshold are probabilities in [0, 1]")
 
 
 class Regime:
     """Base regime: ground truth every step."""
 
-    def __init__(self, config: RegimeConfig, pad_token_id: int):
+    def __init__(self, config: RegimeConfig, pad_token_id: int, seed: int = 0):
         self.config = config
         self.pad_token_id = pad_token_id
-        self.generator = torch.Generator().manual_seed(config.seed)
+        self.generator = torch.Generator().manual_seed(seed)
 
     def _uniform(self) -> float:
         return torch.rand((), generator=self.generator).item()
@@ -115,8 +122,8 @@ class AdaptiveOffPolicy(Regime):
     ``r < t`` → a batch replayed from the buffer; otherwise the ground-truth batch.
     """
 
-    def __init__(self, config: RegimeConfig, pad_token_id: int):
-        super().__init__(config, pad_token_id)
+    def __init__(self, config: RegimeConfig, pad_token_id: int, seed: int = 0):
+        super().__init__(config, pad_token_id, seed)
         self.threshold = config.init_threshold
         self.previous_val_loss: float | None = None
         self.buffer: deque[tuple[list[int], list[int]]] = deque(maxlen=config.capacity)  # (prompt, response) ids
@@ -159,8 +166,9 @@ class AdaptiveOffPolicy(Regime):
         self.buffer = deque(state["buffer"], maxlen=self.config.capacity)
 
 
-def prompts_fingerprint(prompts: Iterable[list[int]]) -> str:
-    digest = hashlib.sha256()
+def cache_fingerprint(prompts: Iterable[list[int]], identity: dict[str, Any]) -> str:
+    """Hash of the prompts and of what produced the responses (teacher, sampling, lengths, seed)."""
+    digest = hashlib.sha256(repr(sorted(identity.items())).encode())
     for prompt in prompts:
         digest.update(repr(prompt).encode())
     return digest.hexdigest()[:16]
@@ -170,37 +178,53 @@ class TeacherGenerated(Regime):
     """SeqKD: train on the teacher's own responses, generated once and cached to disk.
 
     The cache maps each training example's index to the teacher's response ids, and records a
-    fingerprint of the prompts (so a cache made for other data is rebuilt, never reused silently).
+    fingerprint of the prompts and of the teacher and sampling that answered them, so a cache made
+    for other data or another teacher is rebuilt, never reused silently.
     """
 
-    def __init__(self, config: RegimeConfig, pad_token_id: int):
-        super().__init__(config, pad_token_id)
-        if not config.cache_path:
-            raise ValueError("regime 'teacher_generated' needs `cache_path` for the teacher's responses")
+    def __init__(self, config: RegimeConfig, pad_token_id: int, seed: int = 0):
+        super().__init__(config, pad_token_id, seed)
         self.responses: dict[int, list[int]] = {}
 
     def ensure_cache(
-        self, examples: list, generate: Callable[[list], list[list[int]]], batch_size: int, write: bool = True
+        self,
+        path: str | Path,
+        examples: list,
+        generate: Callable[[list], list[list[int]]],
+        batch_size: int,
+        identity: dict[str, Any],
+        rank: int = 0,
+        world_size: int = 1,
     ) -> None:
-        """Load the cache, or generate it: ``generate(examples_chunk)`` returns one response per example."""
-        path = Path(self.config.cache_path)
-        fingerprint = prompts_fingerprint(e.prompt_ids for e in examples)
+        """Load the cache at ``path``, or build it: ``generate(examples_chunk)`` answers each example.
+
+        With several ranks each generates a share (all ranks run the same number of batches, as
+        sharded models need) and the shares are gathered; rank 0 writes the file.
+        """
+        path = Path(path)
+        fingerprint = cache_fingerprint((e.prompt_ids for e in examples), identity)
         if path.is_file():
             cached = torch.load(path, weights_only=True)
             if cached.get("fingerprint") == fingerprint:
                 self.responses = cached["responses"]
                 log.info("loaded %d teacher responses from %s", len(self.responses), path)
                 return
-            log.warning("%s was made for other prompts; generating the teacher responses again", path)
+            log.warning("%s was made for other prompts or another teacher; generating the responses again", path)
         from tqdm.auto import tqdm
 
-        responses = {}
-        for start in tqdm(range(0, len(examples), batch_size), desc="teacher responses (SeqKD)"):
-            chunk = examples[start : start + batch_size]
+        share = examples[rank::world_size]
+        n_batches = -(-len(examples) // (batch_size * world_size))  # the same on every rank
+        responses: dict[int, list[int]] = {}
+        for start in tqdm(range(0, n_batches * batch_size, batch_size), desc="teacher responses (SeqKD)", disable=rank != 0):
+            chunk = share[start : start + batch_size] or share[-1:]  # a rank out of examples repeats one
             for example, response in zip(chunk, generate(chunk)):
                 responses[example.index] = list(response)
+        if world_size > 1:
+            gathered: list[Any] = [None] * world_size
+            torch.distributed.all_gather_object(gathered, responses)
+            responses = {index: ids for part in gathered for index, ids in part.items()}
         self.responses = responses
-        if write:
+        if rank == 0:
             path.parent.mkdir(parents=True, exist_ok=True)
             torch.save({"fingerprint": fingerprint, "responses": responses}, path)
 
@@ -223,5 +247,5 @@ REGIMES: dict[str, type[Regime]] = {
 }
 
 
-def build_regime(config: RegimeConfig, pad_token_id: int) -> Regime:
-    return REGIMES[config.name](config, pad_token_id)
+def build_regime(config: RegimeConfig, pad_token_id: int, seed: int = 0) -> Regime:
+    return REGIMES[config.name](config, pad_token_id, seed)

@@ -75,6 +75,21 @@ def load_tokenizer(name_or_path: str, gguf_file: str | None = None):
     return tokenizer
 
 
+def tokenizer_of(name_or_path: str, gguf_file: str | None = None):
+    """The tokenizer saved with a model, or None when its folder or hub entry has none."""
+    from transformers import AutoTokenizer
+
+    folder = Path(name_or_path)
+    tokenizer_files = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+    if folder.is_dir() and not gguf_file and not any((folder / name).is_file() for name in tokenizer_files):
+        return None  # a bare model folder: AutoTokenizer would improvise one from the config
+    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+    try:
+        return AutoTokenizer.from_pretrained(name_or_path, **kwargs)
+    except (OSError, ValueError):
+        return None
+
+
 def token_id(tokenizer, token: str | None) -> int:
     """Id of ``token`` (default: the tokenizer's EOS), failing clearly if it is not one token."""
     if token is None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_models import build_tiny_model, cli_overrides
+from tiny_models import build_tiny_model, cli_overrides, last_checkpoint
 
 from mgsr_lightning.cli import run_cli
 from mgsr_lightning.models import ModelSource, VocabularyMismatchError, check_vocabularies
@@ -52,6 +52,18 @@ def test_module_fails_clearly_on_an_incompatible_student(tiny_assets, tmp_path):
         module.configure_model()
 
 
+def test_module_compares_each_model_s_own_tokenizer_with_the_data_s(tiny_assets, tiny_tokenizer, tmp_path):
+    """A student saved with another tokenizer is refused even when its embedding matrix is big enough."""
+    student_dir = tmp_path / "other_family"
+    build_tiny_model("gpt2", len(tiny_tokenizer)).save_pretrained(student_dir)
+    tiny_tokenizer.save_pretrained(student_dir)
+    module = DistillLightningModule(
+        student=ModelSource(name_or_path=str(student_dir)), tokenizer=str(tiny_assets["tokenizer"])
+    )
+    with pytest.raises(VocabularyMismatchError, match="the data and student tokenizers differ"):
+        module.configure_model()
+
+
 def test_padded_student_vocabulary_trains_and_never_samples_padding(tiny_assets, tmp_path):
     from mgsr_lightning.tokenizer import load_tokenizer
 
@@ -75,7 +87,7 @@ def test_teacher_is_frozen_in_eval_mode_and_left_out_of_checkpoints(tiny_assets,
     module.train()
     assert not module.teacher.training and module.student.training
     assert not any(p.requires_grad for p in module.teacher.parameters())
-    checkpoint = torch.load(cli.trainer.checkpoint_callback.last_model_path, weights_only=False)
+    checkpoint = torch.load(last_checkpoint(cli.trainer), weights_only=False)
     assert not any(key.startswith("teacher.") for key in checkpoint["state_dict"])
     assert any(key.startswith("student.") for key in checkpoint["state_dict"])
     optimized = {id(p) for group in cli.trainer.optimizers[0].param_groups for p in group["params"]}
@@ -121,10 +133,10 @@ def test_sft_term_uses_ground_truth_while_distilling_on_student_outputs(tiny_ass
     with torch.no_grad():
         fresh = module.student_outputs(ground_truth)
         terms = module.losses(ground_truth, fresh)
-        from mgsr_lightning.module import shift_free_cross_entropy
+        from mgsr_lightning.module import response_cross_entropy
 
-        expected_sft = shift_free_cross_entropy(module._logits(module.student, ground_truth), ground_truth)
-        on_fresh = shift_free_cross_entropy(module._logits(module.student, fresh), fresh)
+        expected_sft = response_cross_entropy(module._logits(module.student, ground_truth), ground_truth)
+        on_fresh = response_cross_entropy(module._logits(module.student, fresh), fresh)
     assert set(terms) == {"sft", "distill", "span"}
     torch.testing.assert_close(terms["sft"], expected_sft)
     assert not torch.allclose(terms["sft"], on_fresh)
@@ -150,7 +162,7 @@ def test_export_command_from_checkpoint(tiny_assets, tmp_path):
     from mgsr_lightning.pipeline.commands import export
 
     cli = fit("kd", tiny_assets, tmp_path / "run")
-    export(cli.trainer.checkpoint_callback.last_model_path, str(tmp_path / "exported"))
+    export(last_checkpoint(cli.trainer), str(tmp_path / "exported"))
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "exported").eval()
     ids = torch.randint(0, cli.model.vocab_size, (1, 8))
     with torch.no_grad():
@@ -160,13 +172,12 @@ def test_export_command_from_checkpoint(tiny_assets, tmp_path):
 def test_resume_matches_an_uninterrupted_run(tiny_assets, tmp_path):
     """4 steps straight == 2 steps, stop, resume for 2 more: weights, replay buffer and threshold."""
     common = ["--trainer.max_steps=4", "--trainer.val_check_interval=2", "--model.init_args.regime.init_threshold=0.6",
-              "--trainer.limit_val_batches=1", "--model.init_args.export_dir=null"]
+              "--trainer.limit_val_batches=1"]
     straight = fit("mgsr", tiny_assets, tmp_path / "straight", *common)
     first = fit("mgsr", tiny_assets, tmp_path / "resumed", *common[1:], "--trainer.max_steps=2")
-    ckpt = first.trainer.checkpoint_callback.last_model_path
+    ckpt = last_checkpoint(first.trainer)
     resumed = fit("mgsr", tiny_assets, tmp_path / "resumed2", *common, f"--ckpt_path={ckpt}")
     assert resumed.trainer.global_step == 4
-    # export_dir is off: exporting loads the best checkpoint's weights into the in-memory student
     final = [dict(cli.model.state_dict()) for cli in (straight, resumed)]
     for name, value in final[0].items():
         torch.testing.assert_close(value, final[1][name], rtol=0, atol=0, msg=lambda m: f"{name}: {m}")

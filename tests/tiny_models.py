@@ -35,6 +35,11 @@ def build_tiny_model(family: str, vocab_size: int, seed: int = 0, **kwargs):
     return model.eval()
 
 
+def last_checkpoint(trainer) -> str:
+    """Path of the latest-state checkpoint (the configs' second ModelCheckpoint keeps ``last.ckpt``)."""
+    return next(cb.last_model_path for cb in trainer.checkpoint_callbacks if cb.save_last)
+
+
 def cli_overrides(assets, family: str = "gpt2", run_dir=None, with_teacher: bool = True) -> list[str]:
     """Command-line overrides that point any config at ``tiny_assets`` and a CPU, for 2 quick steps."""
     data = assets["data"]
@@ -67,6 +72,11 @@ def cli_overrides(assets, family: str = "gpt2", run_dir=None, with_teacher: bool
         "--trainer.num_sanity_val_steps=0",
         "--trainer.enable_progress_bar=false",
         "--trainer.log_every_n_steps=1",
+        # the configs' two checkpoints (best by validation ROUGE-L; latest, for resuming) at this scale
+        '--trainer.callbacks=[{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": '
+        '{"monitor": "val/rougeL", "mode": "max", "save_top_k": 1, "filename": "best-{step}"}}, '
+        '{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": '
+        '{"every_n_train_steps": 2, "save_top_k": 1, "save_last": true, "filename": "latest-{step}"}}]',
     ]
     if run_dir is not None:
         args += [

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from mgsr_lightning.data.collate import EncodedExample, InstructionCollator
 from mgsr_lightning.data.records import load_records
@@ -91,35 +91,34 @@ def encode_records(
     return examples, stats
 
 
-class ResumableSampler(Sampler[int]):
-    """A seeded permutation per epoch that can resume in the middle of an epoch.
+class ResumableSampler(DistributedSampler):
+    """A seeded permutation per epoch, sharded over ranks, that can resume in the middle of an epoch.
 
-    The order of epoch ``e`` is ``randperm(n, seed + e)``; a checkpoint stores ``(epoch, consumed)``
-    (through the data module's ``state_dict``) and the resumed run continues with the same order,
-    skipping what was already trained on, so an interrupted run sees exactly the batches an
-    uninterrupted one would. ``len`` stays the full size so that schedules computed from it match.
+    The global order of epoch ``e`` is ``randperm(n, seed + e)``, padded as ``DistributedSampler``
+    pads it; rank ``r`` of ``W`` takes every W-th index from position ``r``. A checkpoint stores
+    ``(epoch, examples consumed by all ranks)`` through the data module's ``state_dict``, and the
+    resumed run continues the same order past what was already trained on, so an interrupted run
+    sees exactly the batches an uninterrupted one would, on one device or several. Being a
+    ``DistributedSampler``, Lightning uses it as it is instead of wrapping it.
     """
 
-    def __init__(self, size: int, seed: int = 0, shuffle: bool = True):
-        self.size, self.seed, self.shuffle = size, seed, shuffle
-        self.epoch = 0
-        self._skip = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    def __init__(self, size: int, seed: int = 0, shuffle: bool = True, num_replicas: int = 1, rank: int = 0):
+        super().__init__(range(size), num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed)
+        self._skip = 0  # examples of the global order already consumed in this epoch
 
     def order(self) -> list[int]:
-        if not self.shuffle:
-            return list(range(self.size))
-        generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        return torch.randperm(self.size, generator=generator).tolist()
+        """The epoch's global order, padded to a multiple of the number of ranks."""
+        size = len(self.dataset)
+        if self.shuffle:
+            order = torch.randperm(size, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
+        else:
+            order = list(range(size))
+        padding = self.total_size - size
+        return order + (order * (1 + padding // max(size, 1)))[:padding]
 
     def __iter__(self):
         skip, self._skip = self._skip, 0
-        return iter(self.order()[skip:])
-
-    def __len__(self) -> int:
-        return self.size
+        return iter(self.order()[skip:][self.rank :: self.num_replicas])
 
 
 class InstructionDataModule(L.LightningDataModule):
@@ -147,7 +146,7 @@ class InstructionDataModule(L.LightningDataModule):
         max_train_examples: Use only the first N training rows (quick experiments).
         max_val_examples: Use only the first N validation rows.
         num_workers: DataLoader worker processes.
-        seed: Seed of the training order (resumable mid-epoch).
+        seed: Seed of the training order (resumable mid-epoch); linked to ``seed_everything`` in the CLI.
         hf_split: Split name when ``train_data`` is a Hugging Face dataset or a saved ``DatasetDict``.
     """
 
@@ -234,10 +233,11 @@ class InstructionDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         dataset = self.datasets["train"]
-        sampler = ResumableSampler(len(dataset), self.hparams.seed)
+        world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer is not None else (1, 0)
+        sampler = ResumableSampler(len(dataset), self.hparams.seed, num_replicas=world, rank=rank)
         if self._resume_position is not None:
             sampler.set_epoch(self._resume_position["epoch"])
-            sampler._skip = min(self._resume_position["consumed"], len(dataset))
+            sampler._skip = min(self._resume_position["consumed"], sampler.total_size)
             self._resume_position = None
         return DataLoader(
             dataset, batch_size=self.hparams.batch_size, sampler=sampler,

@@ -47,15 +47,23 @@ def test_batch_layout_prompt_left_response_right_with_eos(datamodule):
         assert batch["references"][row] == [record["output"]]
 
 
-def test_prompt_tokens_never_in_the_loss_mask(datamodule):
-    from mgsr_lightning.generation import Rollout
+def test_prompt_tokens_never_in_the_loss(datamodule):
+    """The SFT loss sees response tokens only: prompt tokens have no logit in it, padding no weight."""
+    from mgsr_lightning.module import DistillLightningModule, response_cross_entropy
 
     batch = next(iter(datamodule.train_dataloader()))
-    rollout = Rollout(batch["prompt_ids"], batch["prompt_mask"], batch["response_ids"], batch["response_mask"])
-    labels = rollout.labels()
-    prompt_width = batch["prompt_ids"].shape[1]
-    assert (labels[:, :prompt_width] == -100).all()
-    assert ((labels[:, prompt_width:] != -100) == batch["response_mask"]).all()
+    rollout = DistillLightningModule.ground_truth(batch)
+    vocab = len(datamodule.tokenizer)
+    logits = torch.randn(*rollout.response_ids.shape, vocab)
+    expected = torch.stack([
+        -logits[b, r].log_softmax(-1)[rollout.response_ids[b, r]]
+        for b in range(logits.shape[0]) for r in range(logits.shape[1]) if rollout.response_mask[b, r]
+    ]).mean()
+    torch.testing.assert_close(response_cross_entropy(logits, rollout), expected)
+    noisy = logits.masked_fill(~rollout.response_mask[..., None], 1e4)  # garbage where padding is
+    torch.testing.assert_close(response_cross_entropy(noisy, rollout), expected)
+    empty = DistillLightningModule.ground_truth({**batch, "response_mask": torch.zeros_like(batch["response_mask"])})
+    assert response_cross_entropy(logits, empty).item() == 0.0
 
 
 def test_validation_split_holds_out_first_rows(datamodule):
@@ -95,3 +103,16 @@ def test_resumable_sampler_continues_the_same_order():
     assert list(sampler) == full  # the skip applies to one pass only
     sampler.set_epoch(3)
     assert list(sampler) != full and sorted(sampler) == list(range(10))
+
+
+@pytest.mark.parametrize("size, consumed_batches", [(10, 1), (11, 2), (7, 0)])
+def test_resumable_sampler_shards_and_resumes_across_ranks(size, consumed_batches):
+    """Two ranks, batch 2: a resumed epoch gives each rank exactly the rest of what it would have had."""
+    batch, world = 2, 2
+    ranks = [ResumableSampler(size, seed=1, num_replicas=world, rank=r) for r in range(world)]
+    uninterrupted = [list(s) for s in ranks]
+    assert len(uninterrupted[0]) == len(uninterrupted[1]) == len(ranks[0])
+    assert sorted(set(uninterrupted[0] + uninterrupted[1])) == list(range(size))  # every example, padding aside
+    for rank, sampler in enumerate(ranks):
+        sampler._skip = consumed_batches * batch * world
+        assert list(sampler) == uninterrupted[rank][consumed_batches * batch :]
