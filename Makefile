@@ -2,6 +2,7 @@
 #   make demo   # venv + install, then the embedded default end to end (offline, CPU, < 10 min)
 #   make test   # venv + install, then the fast test suite (CPU, < 10 min)
 # GPU users: install your CUDA torch into .venv first and run with `make ... CONSTRAINTS=`.
+# make reproduce [PAIR=gpt2|opt|openllama2|llama2] [SCALE=tiny] [METHODS=kd,mgsr] [SEEDS=0,1,2] [RESULTS=dir]
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -11,10 +12,10 @@ PAIR ?= gpt2
 SCALE ?= full
 METHODS ?=
 SEEDS ?=
+RESULTS ?=
 
-export HF_HUB_OFFLINE ?= 1
-export HF_DATASETS_OFFLINE ?= 1
-export TRANSFORMERS_OFFLINE ?= 1
+# The embedded default and the tests never touch a hub; real pairs (`make reproduce PAIR=...`) download.
+OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export TOKENIZERS_PARALLELISM ?= false
 
 .PHONY: install demo test test-slow test-all reproduce clean
@@ -28,20 +29,21 @@ $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 install: $(VENV)/.installed
 
 demo: install
-	$(PY) -m mgsr_lightning demo
+	$(OFFLINE) $(PY) -m mgsr_lightning demo
 
 test: install
-	$(PY) -m pytest -q
+	$(OFFLINE) $(PY) -m pytest -q
 
 test-slow: install
-	$(PY) -m pytest -q -m slow
+	$(OFFLINE) $(PY) -m pytest -q -m slow
 
 test-all: install
-	$(PY) -m pytest -q -m ""
+	$(OFFLINE) $(PY) -m pytest -q -m ""
 
 reproduce: install
-	$(PY) -m mgsr_lightning reproduce --pair $(if $(filter tiny,$(SCALE)),tiny,$(PAIR)) \
-		$(if $(METHODS),--methods $(METHODS)) $(if $(SEEDS),--train_seeds $(SEEDS))
+	$(if $(filter tiny,$(SCALE)),$(OFFLINE)) $(PY) -m mgsr_lightning reproduce --pair $(if $(filter tiny,$(SCALE)),tiny,$(PAIR)) \
+		$(if $(METHODS),--methods '[$(METHODS)]') $(if $(SEEDS),--train_seeds '[$(SEEDS)]') \
+		$(if $(RESULTS),--results_dir $(RESULTS))
 
 clean:
 	rm -rf runs artifacts/tiny/students

@@ -41,25 +41,52 @@ def resolved_config(path: Path) -> dict:
     return yaml.safe_load(buffer.getvalue())
 
 
+# method -> (sft_weight, sft_on, distill loss, span weight, regime, SCRG on): what each method is
+EXPECTED = {
+    "teacher": (1.0, "ground_truth", None, 0.0, "ground_truth", False),
+    "sft": (1.0, "ground_truth", None, 0.0, "ground_truth", False),
+    "kd": (0.0, "ground_truth", "forward_kl", 0.0, "ground_truth", False),
+    "rkl": (0.0, "ground_truth", "reverse_kl", 0.0, "ground_truth", False),
+    "jsd": (0.0, "ground_truth", "generalized_jsd", 0.0, "ground_truth", False),
+    "tvd": (0.0, "ground_truth", "total_variation", 0.0, "ground_truth", False),
+    "seqkd": (1.0, "training_sequence", None, 0.0, "teacher_generated", False),
+    "imitkd": (0.0, "ground_truth", "forward_kl", 0.0, "mixed", False),
+    "gkd": (0.0, "ground_truth", "generalized_jsd", 0.0, "mixed", False),
+    "distillm": (0.0, "ground_truth", "skew_forward_kl", 0.0, "adaptive_off_policy", False),
+    "mgsr_base": (1.0, "ground_truth", "forward_kl", 0.0, "adaptive_off_policy", False),
+    "mgsr_scrg": (1.0, "ground_truth", "forward_kl", 0.0, "adaptive_off_policy", True),
+    "mgsr_scrg_dac": (1.0, "ground_truth", "dac_kl", 0.0, "adaptive_off_policy", True),
+    "mgsr": (1.0, "ground_truth", "dac_kl", 1.0, "adaptive_off_policy", True),
+    "mgsr_scrg_on_policy": (1.0, "ground_truth", "dac_kl", 1.0, "on_policy", True),
+    "mgsr_scrg_mixed": (1.0, "ground_truth", "dac_kl", 1.0, "mixed", True),
+    "mgsr_noscrg_on_policy": (1.0, "ground_truth", "dac_kl", 1.0, "on_policy", False),
+    "mgsr_noscrg_mixed": (1.0, "ground_truth", "dac_kl", 1.0, "mixed", False),
+    "mgsr_noscrg_adaptive": (1.0, "ground_truth", "dac_kl", 1.0, "adaptive_off_policy", False),
+}
+PARAMS = {"jsd": {"beta": 0.1}, "gkd": {"beta": 0.1}, "distillm": {"alpha": 0.1}}
+LMBDA = {"imitkd": 1.0, "gkd": 0.5, "mgsr_scrg_mixed": 0.5, "mgsr_noscrg_mixed": 0.5}
+
+
 @pytest.mark.parametrize("path", RUNNABLE, ids=config_id)
-def test_config_parses(path):
+def test_config_parses_to_its_method(path):
     config = resolved_config(path)
     init = config["model"]["init_args"]
     assert config["model"]["class_path"] == "mgsr_lightning.DistillLightningModule"
-    # the method part of the name must be what the composed config does
-    method = path.stem
-    if method in ("sft", "teacher"):
-        assert init["teacher"] is None and init["distill"] is None
-    if method.startswith("mgsr"):
-        assert init["sft_weight"] == 1.0 and init["sft_on"] == "ground_truth"
-    if method in ("mgsr", "mgsr_scrg_on_policy", "mgsr_scrg_mixed"):
-        assert init["distill"]["name"] == "dac_kl" and init["span"]["weight"] == 1.0 and init["scrg"] is not None
-    if "noscrg" in method or method == "mgsr_base":
-        assert init["scrg"] is None
-    if method == "mgsr_scrg_dac":
-        assert init["distill"]["name"] == "dac_kl" and init["span"]["weight"] == 0.0
-    if method == "distillm":
-        assert init["regime"]["name"] == "adaptive_off_policy" and init["distill"]["name"] == "skew_forward_kl"
+    sft_weight, sft_on, distill, span_weight, regime, scrg = EXPECTED[path.stem]
+    assert init["sft_weight"] == sft_weight and init["sft_on"] == sft_on
+    assert (init["distill"] or {}).get("name") == distill
+    assert init["span"]["weight"] == span_weight
+    assert init["regime"]["name"] == regime
+    assert (init["scrg"] is not None) == scrg
+    assert (init["teacher"] is None) == (path.stem in ("sft", "teacher"))
+    if path.stem in PARAMS:
+        assert init["distill"]["params"] == PARAMS[path.stem]
+    if path.stem in LMBDA:
+        assert init["regime"]["lmbda"] == LMBDA[path.stem]
+    if distill == "dac_kl":
+        assert init["distill"]["params"]["mode"] == "learned" and init["distill"]["params"]["normalize"] is True
+    if path.parent.name != "tiny" and distill is not None:
+        assert init["distill"]["chunk_size"] == 1024  # real vocabularies: bounded loss memory
 
 
 def test_base_composition_and_interpolation(tmp_path):

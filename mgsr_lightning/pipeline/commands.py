@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from mgsr_lightning.data.records import load_records, write_jsonl
+from mgsr_lightning.data.templates import PromptTemplate
 from mgsr_lightning.evaluation.evaluate import EvalConfig, evaluate_model
 from mgsr_lightning.evaluation.readers import EVAL_SETS, load_dolly15k, load_eval_set
 from mgsr_lightning.evaluation.report import format_table1, write_report
@@ -92,7 +93,7 @@ def _pair_setup(pair: str, data_source: str | None, eval_source: str | None, max
     if pair == "tiny":
         root = prepare_tiny()
         eval_sets = {"tiny-test": load_records(str(root / "data" / "test.jsonl"))}
-        config = EvalConfig(sampling=SamplingConfig(max_new_tokens=40), batch_size=100, max_prompt_length=48,
+        config = EvalConfig(sampling=SamplingConfig(max_new_tokens=24), batch_size=100, max_prompt_length=48,
                             template="plain", max_examples=max_eval_examples, show_progress=False)
         return {TINY_ROOT_ENV: str(root)}, eval_sets, config, root / "teacher"
     data_dir = Path("data")
@@ -186,8 +187,9 @@ def evaluate(
     batch_size: int = 16,
     max_prompt_length: int = 256,
     max_examples: int | None = None,
-    template: str = "alpaca",
+    template: PromptTemplate = "alpaca",
     eos_token: str | None = None,
+    label: str | None = None,
 ) -> None:
     """ROUGE-L (and exact match) of a saved model over sampling seeds; writes generations, metrics and a table.
 
@@ -203,6 +205,7 @@ def evaluate(
         max_examples: Only the first N rows of each set.
         template: Prompt template for rows without a ``prompt`` field.
         eos_token: Token that ends a response (default: the tokenizer's EOS).
+        label: Row name in the table (default: the model folder's name, or its parent's for ``.../hf``).
     """
     eval_sets = {}
     for name in sets or list(EVAL_SETS):
@@ -215,7 +218,9 @@ def evaluate(
         eos_token=eos_token,
     )
     loaded, tokenizer = _load(Path(model), torch.bfloat16 if torch.cuda.is_available() else torch.float32)
-    evaluate_model(loaded, tokenizer, eval_sets, config, out, method=Path(model).name)
+    folder = Path(model)
+    label = label or (folder.parent.name if folder.name == "hf" else folder.name)
+    evaluate_model(loaded, tokenizer, eval_sets, config, out, method=label)
     print((Path(out) / "table.md").read_text())
 
 
