@@ -13,6 +13,7 @@ Accepted row layouts:
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,11 +48,13 @@ def normalize_row(row: Any, where: str) -> dict[str, Any]:
     return record
 
 
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """Read a JSONL file of instruction rows (blank lines are skipped)."""
+def read_jsonl(
+    path: str | Path, to_record: Callable[[Any, str], dict[str, Any]] = normalize_row, kind: str = "data"
+) -> list[dict[str, Any]]:
+    """Read a JSONL file of rows (blank lines skipped), each mapped by ``to_record(row, "file:line")``."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"data file not found: {path}")
+        raise FileNotFoundError(f"{kind} file not found: {path}")
     records = []
     with path.open(encoding="utf-8") as handle:
         for line_number, line in enumerate(handle, start=1):
@@ -62,7 +65,7 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
                 row = json.loads(line)
             except json.JSONDecodeError as error:
                 raise DataFormatError(f"{where}: invalid JSON ({error.msg} at column {error.colno})") from None
-            records.append(normalize_row(row, where))
+            records.append(to_record(row, where))
     return records
 
 

@@ -30,12 +30,12 @@ happens at tokenisation: ``data.datamodule.encode_records``).
 
 from __future__ import annotations
 
-import json
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mgsr_lightning.data.records import DataFormatError, normalize_row, read_jsonl
+from mgsr_lightning.data.records import normalize_row, read_jsonl
 
 EVAL_FILE_NAME = "valid.jsonl"
 DOLLY_HUB_REPO = "MiniLLM/dolly"
@@ -91,21 +91,7 @@ def eval_row_to_record(row: Any, where: str, use_prompt_field: bool = True) -> d
 
 def read_eval_jsonl(path: str | Path, use_prompt_field: bool = True) -> list[dict[str, Any]]:
     """Records from a MiniLLM evaluation JSONL file; errors name ``file:line``."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"evaluation file not found: {path}")
-    records = []
-    with path.open(encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{line_number}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise DataFormatError(f"{where}: invalid JSON ({error.msg} at column {error.colno})") from None
-            records.append(eval_row_to_record(row, where, use_prompt_field))
-    return records
+    return read_jsonl(path, functools.partial(eval_row_to_record, use_prompt_field=use_prompt_field), "evaluation")
 
 
 def hub_file(repo_id: str, filename: str, revision: str | None = None) -> Path:
