@@ -173,8 +173,10 @@ def demo(method: str = "mgsr", seed: int = 0) -> None:
                 shutil.rmtree(stale)
         student = _fit("tiny", name, run_dir, seed, env)
         runs.append(_evaluate(student, run_dir / "eval", METHOD_LABELS.get(name, name), eval_sets, eval_config))
-    print("\n" + format_table1(runs, exact_match=True))
-    print(f"demo finished in {time.perf_counter() - started:.0f} s; generations and metrics under {runs_root}/")
+    table = format_table1(runs, exact_match=True)
+    (runs_root / "table.md").write_text(table + "\n")
+    print("\n" + table)
+    print(f"demo finished in {time.perf_counter() - started:.0f} s; table, generations and metrics under {runs_root}/")
 
 
 def evaluate(
