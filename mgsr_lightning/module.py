@@ -214,6 +214,9 @@ class DistillLightningModule(L.LightningModule):
         self.val_loss = MeanMetric()
         self.val_rouge_l = RougeL()
         self.val_exact_match = ExactMatch()
+        self.test_loss = MeanMetric()
+        self.test_rouge_l = RougeL()
+        self.test_exact_match = ExactMatch()
         self._teacher_logits_for: tuple[Rollout, Tensor] | None = None
         self._rng_states_to_restore: dict[str, Any] | None = None
         self.rollout_stats: dict[str, float] = {}
@@ -527,6 +530,30 @@ class DistillLightningModule(L.LightningModule):
         self.val_exact_match.update(predictions, batch["references"])
         self.log("val/rougeL", self.val_rouge_l, prog_bar=True, batch_size=len(predictions))
         self.log("val/exact_match", self.val_exact_match, batch_size=len(predictions))
+
+    def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        """Loss, ROUGE-L and exact match over the whole test split (one sampling seed, ``validation.seed``).
+
+        For the paper's protocol (five sampling seeds, several evaluation sets) use ``evaluate``.
+        """
+        ground_truth = self.ground_truth(batch)
+        loss = response_cross_entropy(self._logits(self.student, ground_truth), ground_truth)
+        self.test_loss.update(loss, weight=ground_truth.response_mask.sum())
+        predictions = self._generate_texts(batch, self.validation_config.seed)
+        self.test_rouge_l.update(predictions, batch["references"])
+        self.test_exact_match.update(predictions, batch["references"])
+        n = ground_truth.batch_size
+        self.log("test/loss", self.test_loss, batch_size=n)
+        self.log("test/rougeL", self.test_rouge_l, batch_size=n)
+        self.log("test/exact_match", self.test_exact_match, batch_size=n)
+
+    def predict_step(self, batch: dict[str, Any], batch_idx: int) -> list[dict[str, Any]]:
+        """The student's sampled response to each prompt of the batch, with its example index."""
+        predictions = self._generate_texts(batch, self.validation_config.seed)
+        return [
+            {"example_index": int(index), "prediction": text, "references": references}
+            for index, text, references in zip(batch["example_index"].tolist(), predictions, batch["references"])
+        ]
 
     def on_validation_epoch_end(self) -> None:
         if not self.trainer.sanity_checking and self.regime is not None and self.val_loss.update_count:

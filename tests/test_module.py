@@ -184,3 +184,28 @@ def test_resume_matches_an_uninterrupted_run(tiny_assets, tmp_path):
     assert any(name.startswith("clip_net.") for name in final[0])
     assert list(straight.model.regime.buffer) == list(resumed.model.regime.buffer)
     assert len(straight.model.regime.buffer) > 0, "the scheduler never generated: the test would not cover replay"
+    assert straight.model.regime.state_dict()["threshold"] == resumed.model.regime.state_dict()["threshold"]
+
+
+def test_test_and_predict_commands_score_the_whole_test_split_alike(tiny_assets, tmp_path):
+    """`test` logs loss, ROUGE-L and EM over every test row; `predict` returns the same generations."""
+    from mgsr_lightning.evaluation.rouge import exact_match, rouge_l
+
+    trained = fit("sft", tiny_assets, tmp_path / "run")
+    ckpt = last_checkpoint(trained.trainer)
+    overrides = cli_overrides(tiny_assets, "gpt2", tmp_path / "eval", with_teacher=False)
+    config = str(CONFIGS / "tiny" / "sft.yaml")
+    tested = run_cli(["test", "--config", config, *overrides, f"--ckpt_path={ckpt}"])
+    metrics = tested.trainer.callback_metrics
+    assert {"test/loss", "test/rougeL", "test/exact_match"} <= set(metrics)
+    run_cli(["predict", "--config", config, *overrides, f"--ckpt_path={ckpt}"])  # the command runs
+
+    batches = tested.trainer.predict(tested.model, datamodule=tested.datamodule)
+    rows = [row for batch in batches for row in batch]
+    indices = [row["example_index"] for row in rows]
+    assert len(set(indices)) == len(indices) == len(tested.datamodule.datasets["test"])
+    expected_rouge = sum(rouge_l(r["prediction"], r["references"]) for r in rows) / len(rows)
+    expected_em = sum(exact_match(r["prediction"], r["references"]) for r in rows) / len(rows)
+    assert float(metrics["test/rougeL"]) == pytest.approx(expected_rouge, rel=1e-5)
+    assert float(metrics["test/exact_match"]) == pytest.approx(expected_em, rel=1e-5)
+    assert 0.0 < float(metrics["test/loss"]) < 20.0
