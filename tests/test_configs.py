@@ -110,12 +110,28 @@ def test_base_composition_and_interpolation(tmp_path):
 QUICK = [p for p in RUNNABLE if p.parent.name == "tiny" or p.stem == "mgsr"]
 
 
+SCRG_METRICS = {"scrg/corrected_fraction", "scrg/mean_error_position", "scrg/mean_regenerated_tokens", "scrg/seconds"}
+
+
 def run_fit(path: Path, assets, tmp_path):
     family = PAIRS[path.parent.name]
     overrides = cli_overrides(assets, family, tmp_path / "run", with_teacher=path.stem not in ("sft", "teacher"))
+    _, _, _, _, regime, scrg = EXPECTED[path.stem]
+    if regime == "adaptive_off_policy":
+        # a threshold of 1 makes both steps sample (the buffer is far from full), so the student
+        # rollout, SCRG and the buffer run here rather than being skipped by the regime's draw
+        overrides.append("--model.init_args.regime.init_threshold=1.0")
+    if regime == "mixed":
+        overrides.append("--model.init_args.regime.lmbda=1.0")
     cli = run_cli(["fit", "--config", str(path), *overrides])
     assert cli.trainer.global_step == 2
     assert (tmp_path / "run" / "hf" / "config.json").is_file()
+    logged = set(cli.trainer.logged_metrics)
+    generates = regime in ("on_policy", "mixed", "adaptive_off_policy")
+    assert ("rollout/seconds" in logged) == generates, sorted(logged)
+    assert SCRG_METRICS <= logged if scrg else not (SCRG_METRICS & logged), sorted(logged)
+    if regime == "adaptive_off_policy":
+        assert cli.model.regime.metrics()["buffer_size"] == 2 * cli.datamodule.hparams.batch_size
     return cli
 
 
