@@ -516,36 +516,37 @@ class DistillLightningModule(L.LightningModule):
         seeds = example_seeds(seed, batch["example_index"].cpu())
         return decode_responses(self.tokenizer, self._sample(self.student, self.ground_truth(batch), config, seeds))
 
-    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+    def _score_loss(self, batch: dict[str, Any], metric: MeanMetric, name: str, **log_kwargs) -> Rollout:
+        """Update and log ``metric`` with the batch's response cross-entropy; returns the batch's rollout."""
         ground_truth = self.ground_truth(batch)
         loss = response_cross_entropy(self._logits(self.student, ground_truth), ground_truth)
-        self.val_loss.update(loss, weight=ground_truth.response_mask.sum())
-        self.log("val/loss", self.val_loss, prog_bar=True, batch_size=ground_truth.batch_size)
+        metric.update(loss, weight=ground_truth.response_mask.sum())
+        self.log(name, metric, batch_size=ground_truth.batch_size, **log_kwargs)
+        return ground_truth
+
+    def _score_generations(self, batch: dict[str, Any], rouge_l: RougeL, exact: ExactMatch, prefix: str, **log_kwargs):
+        """Sample responses (``validation.seed``), update and log ROUGE-L and exact match against the references."""
+        predictions = self._generate_texts(batch, self.validation_config.seed)
+        rouge_l.update(predictions, batch["references"])
+        exact.update(predictions, batch["references"])
+        self.log(f"{prefix}/rougeL", rouge_l, batch_size=len(predictions), **log_kwargs)
+        self.log(f"{prefix}/exact_match", exact, batch_size=len(predictions))
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        ground_truth = self._score_loss(batch, self.val_loss, "val/loss", prog_bar=True)
         # The first batches of every rank, decided alike on all ranks (generation is in lockstep).
         examples_before = batch_idx * ground_truth.batch_size * self.trainer.world_size
         if self.trainer.sanity_checking or examples_before >= self.validation_config.rouge_examples:
             return
-        predictions = self._generate_texts(batch, self.validation_config.seed)
-        self.val_rouge_l.update(predictions, batch["references"])
-        self.val_exact_match.update(predictions, batch["references"])
-        self.log("val/rougeL", self.val_rouge_l, prog_bar=True, batch_size=len(predictions))
-        self.log("val/exact_match", self.val_exact_match, batch_size=len(predictions))
+        self._score_generations(batch, self.val_rouge_l, self.val_exact_match, "val", prog_bar=True)
 
     def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         """Loss, ROUGE-L and exact match over the whole test split (one sampling seed, ``validation.seed``).
 
         For the paper's protocol (five sampling seeds, several evaluation sets) use ``evaluate``.
         """
-        ground_truth = self.ground_truth(batch)
-        loss = response_cross_entropy(self._logits(self.student, ground_truth), ground_truth)
-        self.test_loss.update(loss, weight=ground_truth.response_mask.sum())
-        predictions = self._generate_texts(batch, self.validation_config.seed)
-        self.test_rouge_l.update(predictions, batch["references"])
-        self.test_exact_match.update(predictions, batch["references"])
-        n = ground_truth.batch_size
-        self.log("test/loss", self.test_loss, batch_size=n)
-        self.log("test/rougeL", self.test_rouge_l, batch_size=n)
-        self.log("test/exact_match", self.test_exact_match, batch_size=n)
+        self._score_loss(batch, self.test_loss, "test/loss")
+        self._score_generations(batch, self.test_rouge_l, self.test_exact_match, "test")
 
     def predict_step(self, batch: dict[str, Any], batch_idx: int) -> list[dict[str, Any]]:
         """The student's sampled response to each prompt of the batch, with its example index."""
