@@ -31,11 +31,12 @@ class StepTimer(Callback):
         self.rows: list[dict[str, float]] = []
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
-        module.rollout_stats = {}
         self.started = time.perf_counter()
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        self.rows.append({"step": time.perf_counter() - self.started, **module.rollout_stats})
+        # on-policy: every step logs its rollout's timings and SCRG's statistics afresh
+        logged = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(("rollout/", "scrg/"))}
+        self.rows.append({"step": time.perf_counter() - self.started, **logged})
 
 
 def main() -> None:

@@ -1,33 +1,27 @@
-"""Student rollouts: batched, KV-cached sampling from a causal LM into one shared sequence layout.
+"""Sampling from a causal LM into the batch contract (:class:`mgsr_lightning.batch.Rollout`).
 
-Every model forward in the package (teacher scoring, student training, SCRG re-generation) sees a
-rollout through ``Rollout.model_inputs()``:
-
-    input_ids       [B, P+R]   pad … pad  prompt  response  pad … pad
-    attention_mask  [B, P+R]   0 … 0      1 … 1   1 … 1     0 … 0
-    position_ids    [B, P+R]   0 … 0      0 1 2 …            (cumsum of the mask − 1, clamped at 0)
-
-Prompts are left-padded and responses right-padded, so each row's real tokens are contiguous and
-its positions start at 0 whatever the padding; that is what makes a row's result independent of the
-batch it is in. ``response_logits`` runs a model over a rollout and returns the logits aligned with
-the response tokens, which is what every loss and SCRG's scoring compare.
+``response_logits`` runs a model over a rollout and returns the logits aligned with the response
+tokens, which is what every loss and SCRG's scoring compare.
 
 ``sample`` is our own decode loop over a Hugging Face ``DynamicCache`` rather than
 ``model.generate``, for two things ``generate`` does not offer: one ``torch.Generator`` per row (so a
-row's sample depends only on its own seed) and a per-row length cap.
+row's sample depends only on its own seed) and a per-row length cap. What it needs besides the model,
+prompts and seeds is one :class:`Decoding`: the sampling config, the special ids and the limits,
+built once by the caller.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
-import torch.distributed as dist
 from torch import Tensor, nn
 
-from mgsr_lightning.data.collate import pad_sequences
+from mgsr_lightning.batch import Rollout, positions_from_mask
+from mgsr_lightning.distributed import every_rank, is_distributed, max_over_ranks
+from mgsr_lightning.seeding import row_generators
 
 @dataclass
 class SamplingConfig:
@@ -58,74 +52,33 @@ class SamplingConfig:
             raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
 
 
-@dataclass
-class Rollout:
-    """Prompts with generated responses, in one layout that every model forward uses.
+@dataclass(frozen=True)
+class Decoding:
+    """Everything a decode call needs besides the model, the prompts and the seeds.
 
-    prompt_ids [B,P] left-padded with pad id; prompt_mask [B,P] bool;
-    response_ids [B,R] right-padded with pad id; response_mask [B,R] bool, True on real response
-    tokens incl. the EOS that ended the response.
+    Args:
+        sampling: greedy or sampling, temperature, top-k, top-p, max_new_tokens.
+        eos_token_id: id(s) that end a response; the EOS is kept in the response and masked True.
+        pad_token_id: fills the response after a row ends.
+        vocab_size: logits are cut to [..., :vocab_size] so padded embedding rows are never sampled.
+        max_length: cap on prompt real length + response length.
+        synced: keep decoding (finished rows only feed padding) until every rank of the process
+            group has finished. Needed when a forward is a collective, as under FSDP: a rank that
+            stopped early would leave the others waiting. The result is the same as unsynced.
     """
 
-    prompt_ids: Tensor
-    prompt_mask: Tensor
-    response_ids: Tensor
-    response_mask: Tensor
+    sampling: SamplingConfig
+    eos_token_id: int | Sequence[int]
+    pad_token_id: int
+    vocab_size: int | None = None
+    max_length: int | None = None
+    synced: bool = False
 
-    @classmethod
-    def from_token_lists(
-        cls,
-        prompts: Sequence[Sequence[int]],
-        responses: Sequence[Sequence[int]],
-        *,
-        pad_token_id: int,
-        device: torch.device | str | None = None,
-    ) -> Rollout:
-        """Build the padded layout from per-row token lists (prompts left-padded, responses right-padded)."""
-        if len(prompts) != len(responses):
-            raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
-        prompt_ids, prompt_mask = pad_sequences(prompts, pad_token_id, "left")
-        response_ids, response_mask = pad_sequences(responses, pad_token_id, "right")
-        return cls(prompt_ids, prompt_mask, response_ids, response_mask).to(device)
-
-    def to_token_lists(self) -> tuple[list[list[int]], list[list[int]]]:
-        """(prompts, responses) as lists of real token ids per row, padding removed."""
-        prompts = [ids[mask].tolist() for ids, mask in zip(self.prompt_ids.cpu(), self.prompt_mask.cpu())]
-        responses = [ids[mask].tolist() for ids, mask in zip(self.response_ids.cpu(), self.response_mask.cpu())]
-        return prompts, responses
-
-    @property
-    def batch_size(self) -> int:
-        return self.prompt_ids.size(0)
-
-    @property
-    def device(self) -> torch.device:
-        return self.prompt_ids.device
-
-    def prompt_lengths(self) -> Tensor:
-        """[B] long: real prompt tokens per row."""
-        return self.prompt_mask.sum(-1)
-
-    def response_lengths(self) -> Tensor:
-        """[B] long: real response tokens per row (the ending EOS included)."""
-        return self.response_mask.sum(-1)
-
-    def to(self, device: torch.device | str | None) -> Rollout:
-        tensors = (self.prompt_ids, self.prompt_mask, self.response_ids, self.response_mask)
-        return Rollout(*(tensor.to(device) for tensor in tensors))
-
-    def select(self, rows: Tensor) -> Rollout:
-        """The rollout of the given rows (an index [N] or a bool mask [B]), padding widths kept."""
-        return Rollout(self.prompt_ids[rows], self.prompt_mask[rows], self.response_ids[rows], self.response_mask[rows])
-
-    def model_inputs(self) -> dict[str, Tensor]:
-        """input_ids, attention_mask (long) and position_ids, each [B, P+R]."""
-        attention_mask = torch.cat([self.prompt_mask, self.response_mask], dim=1)
-        return {
-            "input_ids": torch.cat([self.prompt_ids, self.response_ids], dim=1),
-            "attention_mask": attention_mask.long(),
-            "position_ids": positions_from_mask(attention_mask),
-        }
+    def with_max_new_tokens(self, max_new_tokens: int | None) -> Decoding:
+        """The same decoding with another response budget (None: unchanged)."""
+        if max_new_tokens is None:
+            return self
+        return replace(self, sampling=replace(self.sampling, max_new_tokens=max_new_tokens))
 
 
 def response_logits(model: nn.Module, rollout: Rollout, vocab_size: int | None = None) -> Tensor:
@@ -140,32 +93,6 @@ def response_logits(model: nn.Module, rollout: Rollout, vocab_size: int | None =
     # Column P-1+r of the full sequence predicts response token r: the last R+1 columns, less the last.
     logits = model(**rollout.model_inputs(), use_cache=False, logits_to_keep=response_width + 1).logits
     return logits[:, :response_width, :vocab_size]  # the last column predicts past the sequence
-
-
-def positions_from_mask(attention_mask: Tensor) -> Tensor:
-    """[B, L] mask → [B, L] long positions: 0 at each row's first real token, left padding held at 0."""
-    return (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
-
-
-def pack_tokens(ids: Tensor, mask: Tensor, *, pad_token_id: int, side: str) -> tuple[Tensor, Tensor]:
-    """Move each row's real tokens (``mask`` True) to the ``side`` ("left"/"right") end, in order.
-
-    ``ids``/``mask`` [B, L] may have padding anywhere (e.g. a left-padded prompt followed by a
-    right-padded response). Returns ``(ids, mask)`` [B, L'] with pad id elsewhere and the columns
-    that are padding in every row dropped, i.e. the layout of ``Rollout.prompt_ids`` for
-    side="left" and of ``Rollout.response_ids`` for side="right".
-    """
-    if side not in ("left", "right"):
-        raise ValueError(f"side must be 'left' or 'right', got {side!r}")
-    # A stable sort on "is padding" (right) or "is real" (left) moves the tokens without reordering them.
-    sort_key = mask.long() if side == "left" else (~mask).long()
-    order = torch.sort(sort_key, dim=1, stable=True).indices
-    packed_mask = mask.gather(1, order)
-    packed_ids = ids.gather(1, order).masked_fill(~packed_mask, pad_token_id)
-    width = int(mask.sum(-1).max()) if mask.numel() else 0
-    if side == "left":
-        return packed_ids[:, packed_ids.size(1) - width :], packed_mask[:, packed_mask.size(1) - width :]
-    return packed_ids[:, :width], packed_mask[:, :width]
 
 
 @contextlib.contextmanager
@@ -220,58 +147,41 @@ def token_id_tensor(token_ids: int | Sequence[int], device: torch.device) -> Ten
     return torch.as_tensor([token_ids] if isinstance(token_ids, int) else list(token_ids), device=device)
 
 
-def _all_reduce(value: Tensor, op) -> Tensor:
-    dist.all_reduce(value, op=op)
-    return value
-
-
-def row_generators(seeds: Tensor, device: torch.device) -> list[torch.Generator]:
-    """One ``torch.Generator`` on ``device`` per row, seeded from ``seeds`` [B] int64."""
-    return [torch.Generator(device=device).manual_seed(int(seed)) for seed in seeds.tolist()]
-
-
 @torch.no_grad()
 def sample(
     model: nn.Module,
     prompt_ids: Tensor,
     prompt_mask: Tensor,
-    config: SamplingConfig,
+    decoding: Decoding,
     *,
-    eos_token_id: int | Sequence[int],
-    pad_token_id: int,
     seeds: Tensor | None = None,
-    vocab_size: int | None = None,
     max_length: int | Tensor | None = None,
-    synced: bool = False,
 ) -> Rollout:
     """Sample a response per prompt with a KV cache: one prefill over the prompts, then one token per step.
 
     Args:
         model: a Hugging Face causal LM (GPT-2, OPT, LLaMA, ...); run in eval mode, its mode restored after.
-        prompt_ids: [B, P] left-padded with ``pad_token_id``; every row needs >= 1 real token.
+        prompt_ids: [B, P] left-padded with the pad id; every row needs >= 1 real token.
         prompt_mask: [B, P] bool, True on real prompt tokens.
-        config: greedy or sampling, temperature, top-k, top-p, max_new_tokens.
-        eos_token_id: id(s) that end a response; the EOS is kept in the response and masked True.
-        pad_token_id: fills the response after a row ends.
+        decoding: sampling config, special ids, vocabulary cut, length cap and lockstep (see ``Decoding``).
         seeds: [B] int64; row i then draws only from a generator seeded with seeds[i], so its
             sample does not depend on the other rows or on its padding. None: global torch RNG.
-        vocab_size: logits are cut to [..., :vocab_size] so padded embedding rows are never sampled.
-        max_length: cap on prompt real length + response length, an int or one per row [B].
-        synced: keep decoding (finished rows only feed padding) until every rank of the process
-            group has finished. Needed when a forward is a collective, as under FSDP: a rank that
-            stopped early would leave the others waiting. The result is the same as unsynced.
+        max_length: cap on prompt real length + response length, an int or one per row [B], in
+            place of ``decoding.max_length``.
 
     Runs under ``torch.no_grad`` (not ``inference_mode``), so the ids can feed a forward with grad.
 
     Returns:
         A ``Rollout`` with the given prompts and responses [B, R], R = the number of decode steps run.
     """
+    config, pad_token_id, vocab_size = decoding.sampling, decoding.pad_token_id, decoding.vocab_size
+    max_length = decoding.max_length if max_length is None else max_length
     device = prompt_ids.device
     prompt_mask = prompt_mask.bool()
     prompt_lengths = prompt_mask.sum(-1)  # [B]
     if bool((prompt_lengths == 0).any()):
         raise ValueError("every prompt needs at least one real token")
-    eos_ids = token_id_tensor(eos_token_id, device)
+    eos_ids = token_id_tensor(decoding.eos_token_id, device)
     generators = row_generators(seeds, device) if seeds is not None else None
 
     budgets = torch.full_like(prompt_lengths, config.max_new_tokens)  # [B] most response tokens per row
@@ -279,9 +189,9 @@ def sample(
         budgets = torch.minimum(budgets, torch.as_tensor(max_length, device=device) - prompt_lengths).clamp_min(0)
     done = budgets == 0  # [B]
     max_steps = int(budgets.max()) if budgets.numel() else 0
-    synced = synced and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    synced = decoding.synced and is_distributed()
     if synced:
-        max_steps = int(_all_reduce(torch.tensor(max_steps, device=device), dist.ReduceOp.MAX))
+        max_steps = int(max_over_ranks(torch.tensor(max_steps, device=device)))
 
     response_tokens: list[Tensor] = []  # per step: [B]
     response_real: list[Tensor] = []  # per step: [B] bool
@@ -309,10 +219,7 @@ def sample(
             response_tokens.append(tokens)
             response_real.append(~done)
             done = done | torch.isin(tokens, eos_ids) | (step + 1 >= budgets)
-            all_done = done.all()
-            if synced:
-                all_done = _all_reduce(all_done.int(), dist.ReduceOp.MIN).bool()
-            if bool(all_done):
+            if every_rank(done.all(), synced):
                 break
             input_ids = tokens[:, None]  # [B, 1]
             attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], dim=1)
@@ -331,3 +238,11 @@ def sample(
         response_ids = prompt_ids.new_empty(prompt_ids.size(0), 0)
         response_mask = prompt_mask.new_empty(prompt_ids.size(0), 0)
     return Rollout(prompt_ids, prompt_mask, response_ids, response_mask)
+
+
+def decode_responses(tokenizer, rollout: Rollout) -> list[str]:
+    """The response text of each row: real response tokens decoded without special tokens (EOS, pad),
+    MiniLLM's ``<n>`` newline marker restored, surrounding whitespace stripped."""
+    _, responses = rollout.to_token_lists()
+    texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
+    return [text.replace("<n>", "\n").strip() for text in texts]

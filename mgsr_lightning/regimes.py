@@ -10,8 +10,10 @@ Each regime turns the current ground-truth batch into the step's *training seque
   validation loss rises.
 - ``teacher_generated``: responses sampled once by the teacher and cached to disk (SeqKD).
 
-"Fresh student outputs" come from a callable supplied by the module, which is where SCRG revises
-them, so every regime runs with or without SCRG. Random draws come from a generator owned by the
+"Fresh student outputs" come from a callable supplied by the module (the rollout step: sample, then
+SCRG when it is on), so every regime runs with or without SCRG. A regime returns
+``TrainingSequences``: the sequences, their source, and the teacher logits and metrics the rollout
+step computed on exactly those sequences (none for ground truth, replay or cached teacher outputs). Random draws come from a generator owned by the
 regime, and its state, the threshold and the replay buffer are all in :meth:`state_dict`, so a
 resumed run makes the same choices an uninterrupted one would.
 """
@@ -22,13 +24,15 @@ import hashlib
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
+from torch import Tensor
 
-from mgsr_lightning.generation import Rollout
+from mgsr_lightning.batch import Rollout
+from mgsr_lightning.distributed import gather_per_rank
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +75,17 @@ class RegimeConfig:
             raise ValueError("lmbda and init_threshold are probabilities in [0, 1]")
 
 
+@dataclass
+class TrainingSequences:
+    """A step's training sequences, where they came from, and what the rollout step computed on them."""
+
+    sequences: Rollout
+    source: Source
+    # Teacher response logits [B, R, V] over exactly ``sequences`` when SCRG computed them, else None.
+    teacher_logits: Tensor | None = None
+    metrics: dict[str, float] = field(default_factory=dict)  # rollout timings and SCRG statistics
+
+
 class Regime:
     """Base regime: ground truth every step."""
 
@@ -83,16 +98,26 @@ class Regime:
         return torch.rand((), generator=self.generator).item()
 
     def training_sequences(
-        self, batch: dict[str, torch.Tensor], ground_truth: Rollout, fresh: Callable[[], Rollout], progress: float
-    ) -> tuple[Rollout, Source]:
-        """The step's training sequences and where they came from; ``progress`` = step / total steps."""
-        return ground_truth, "ground_truth"
+        self,
+        batch: dict[str, torch.Tensor],
+        ground_truth: Rollout,
+        fresh: Callable[[], TrainingSequences],
+        progress: float,
+    ) -> TrainingSequences:
+        """The step's training sequences; ``fresh()`` samples new ones; ``progress`` = step / total steps."""
+        return TrainingSequences(ground_truth, "ground_truth")
 
     def on_validation_loss(self, loss: float) -> None:
         """Called once per validation run with the validation loss."""
 
     def metrics(self) -> dict[str, float]:
         return {}
+
+    def step_metrics(self, step: TrainingSequences) -> dict[str, Any]:
+        """What to log of a step: the rollout step's metrics, ``source/<s>`` (1 for the step's source,
+        0 for the others) and ``regime/<k>`` of the regime's state."""
+        sources = {f"source/{s}": float(s == step.source) for s in ("ground_truth", "fresh", "replay", "teacher")}
+        return step.metrics | sources | {f"regime/{k}": v for k, v in self.metrics().items()}
 
     def state_dict(self) -> dict[str, Any]:
         return {"generator": self.generator.get_state()}
@@ -103,14 +128,14 @@ class Regime:
 
 class OnPolicy(Regime):
     def training_sequences(self, batch, ground_truth, fresh, progress):
-        return fresh(), "fresh"
+        return fresh()
 
 
 class Mixed(Regime):
     def training_sequences(self, batch, ground_truth, fresh, progress):
         if self._uniform() < self.config.lmbda:
-            return fresh(), "fresh"
-        return ground_truth, "ground_truth"
+            return fresh()
+        return TrainingSequences(ground_truth, "ground_truth")
 
 
 class AdaptiveOffPolicy(Regime):
@@ -133,15 +158,15 @@ class AdaptiveOffPolicy(Regime):
         fresh_share = self.threshold * (1.0 - progress) if c.replay_schedule == "decreasing" else self.threshold / 2
         draw = self._uniform()
         if draw < fresh_share or (draw < self.threshold and len(self.buffer) < c.capacity):
-            sequences = fresh()
-            self.buffer.extend(zip(*sequences.to_token_lists()))
-            return sequences, "fresh"
+            outputs = fresh()
+            self.buffer.extend(zip(*outputs.sequences.to_token_lists()))
+            return outputs
         if draw < self.threshold:
             picks = torch.randint(len(self.buffer), (ground_truth.prompt_ids.shape[0],), generator=self.generator)
             prompts, responses = zip(*(self.buffer[i] for i in picks.tolist()))
             replayed = Rollout.from_token_lists(prompts, responses, pad_token_id=self.pad_token_id, device=ground_truth.device)
-            return replayed, "replay"
-        return ground_truth, "ground_truth"
+            return TrainingSequences(replayed, "replay")
+        return TrainingSequences(ground_truth, "ground_truth")
 
     def on_validation_loss(self, loss: float) -> None:
         if self.previous_val_loss is not None and loss >= self.previous_val_loss + self.config.loss_eps:
@@ -220,9 +245,7 @@ class TeacherGenerated(Regime):
             for example, response in zip(chunk, generate(chunk)):
                 responses[example.index] = list(response)
         if world_size > 1:
-            gathered: list[Any] = [None] * world_size
-            torch.distributed.all_gather_object(gathered, responses)
-            responses = {index: ids for part in gathered for index, ids in part.items()}
+            responses = {index: ids for part in gather_per_rank(responses) for index, ids in part.items()}
         self.responses = responses
         if rank == 0:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -235,7 +258,8 @@ class TeacherGenerated(Regime):
             raise RuntimeError(f"no cached teacher response for training examples {missing[:5]}; rebuild the cache")
         prompts, _ = ground_truth.to_token_lists()
         responses = [self.responses[i] for i in indices]
-        return Rollout.from_token_lists(prompts, responses, pad_token_id=self.pad_token_id, device=ground_truth.device), "teacher"
+        sequences = Rollout.from_token_lists(prompts, responses, pad_token_id=self.pad_token_id, device=ground_truth.device)
+        return TrainingSequences(sequences, "teacher")
 
 
 REGIMES: dict[str, type[Regime]] = {

@@ -21,20 +21,13 @@ from functools import partial
 from typing import Literal
 
 import torch
-import torch.distributed as dist
 from torch import Tensor, nn
 
-from mgsr_lightning.generation import (
-    Rollout,
-    SamplingConfig,
-    eval_mode,
-    pack_tokens,
-    response_logits,
-    row_generators,
-    sample,
-    token_id_tensor,
-)
+from mgsr_lightning.batch import Rollout, pack_tokens
+from mgsr_lightning.distributed import any_rank
+from mgsr_lightning.generation import Decoding, eval_mode, response_logits, sample, token_id_tensor
 from mgsr_lightning.losses import forward_kl, generalized_jsd, reverse_kl
+from mgsr_lightning.seeding import derive_seeds, row_generators
 
 # Per-position divergences with p = teacher, q = student: KL(p‖q), KL(q‖p), JSD with mixture ½(p+q).
 DIFFERENCES = {
@@ -123,8 +116,6 @@ def find_error_positions(
             f"teacher logits {tuple(teacher_logits.shape)} and student logits {tuple(student_logits.shape)} differ; "
             "cut both to the shared tokenizer vocabulary (vocab_size) first"
         )
-    if difference not in DIFFERENCES:
-        raise ValueError(f"difference must be one of {sorted(DIFFERENCES)}, got {difference!r}")
     batch_size, response_width = response_ids.shape
     response_mask = response_mask.bool()
     scores = DIFFERENCES[difference](student_logits, teacher_logits, response_mask, reduction="none")  # [B, R]
@@ -154,8 +145,6 @@ def _teacher_tokens(
     """[B, R] the teacher's token per position; at padding it copies response_ids (never a candidate)."""
     if teacher_token == "argmax":
         return teacher_logits.argmax(-1)
-    if teacher_token != "sample":
-        raise ValueError(f"teacher_token must be 'argmax' or 'sample', got {teacher_token!r}")
     probs = teacher_logits.float().softmax(-1)  # [B, R, V]
     choice = response_ids.clone()
     if generator is None or isinstance(generator, torch.Generator):
@@ -169,42 +158,15 @@ def _teacher_tokens(
     return choice
 
 
-_MASK64 = (1 << 64) - 1
-_PURPOSES = {"regenerate": 1, "teacher_token": 2}
-
-
-def _mix64(value: int) -> int:
-    """SplitMix64's finaliser: nearby inputs (seed and seed + 1, round 0 and 1) give unrelated outputs."""
-    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return value ^ (value >> 31)
-
-
-def derive_seeds(seeds: Tensor, round_index: int, purpose: Literal["regenerate", "teacher_token"]) -> Tensor:
-    """[B] int64 seeds for one use in one SCRG round, each a function of its row's seed only.
-
-    So a row's corrections do not depend on the batch it is in, and each round and purpose draws
-    from a stream unrelated to the rollout's own (``seeds``).
-    """
-    tag = round_index * len(_PURPOSES) + _PURPOSES[purpose]
-    derived = [_mix64((_mix64(seed & _MASK64) + tag) & _MASK64) >> 1 for seed in seeds.tolist()]  # 63 bits: int64
-    return torch.tensor(derived, dtype=torch.long, device=seeds.device)
-
-
 @torch.no_grad()
 def revise(
     student: nn.Module,
     teacher: nn.Module,
     rollout: Rollout,
     config: ScrgConfig,
-    sampling: SamplingConfig,
+    decoding: Decoding,
     *,
-    eos_token_id: int | Sequence[int],
-    pad_token_id: int,
     seeds: Tensor | None = None,
-    vocab_size: int | None = None,
-    max_length: int | None = None,
-    synced: bool = False,
 ) -> ScrgResult:
     """Correct each rollout up to ``config.n_corrections`` times and let the student re-generate.
 
@@ -218,14 +180,12 @@ def revise(
         student, teacher: causal LMs sharing the tokenizer; their train/eval modes are restored.
         rollout: the sequences to revise (student samples, or any prompts + responses).
         config: rounds, difference and teacher-token rule.
-        sampling: the re-generation's sampling, and the response budget (``max_new_tokens``).
-        eos_token_id, pad_token_id: as for ``sample``.
+        decoding: the re-generation's decoding: sampling, response budget (``max_new_tokens``),
+            special ids, vocabulary cut (also applied before scoring), length cap; with ``synced``
+            every rank of the process group runs the same number of forwards (a round ends only
+            when no rank has an error; re-generation runs on every rank), as FSDP needs.
         seeds: [B] int64 row seeds; re-generation and teacher sampling use ``derive_seeds`` of
             them, so each row's result is independent of the batch. None: global torch RNG.
-        vocab_size: logits are cut to [..., :vocab_size] before scoring and sampling.
-        max_length: cap on prompt + response length per row.
-        synced: every rank of the process group runs the same number of forwards (a round ends
-            only when no rank has an error; re-generation runs on every rank), as FSDP needs.
 
     Returns:
         ``ScrgResult`` with the revised rollout (prompts unchanged), the teacher's response logits
@@ -245,8 +205,8 @@ def revise(
 
     with eval_mode(student, teacher):
         for round_index in range(config.n_corrections):
-            teacher_logits = response_logits(teacher, rollout, vocab_size)  # [B, R, V]
-            student_logits = response_logits(student, rollout, vocab_size)
+            teacher_logits = response_logits(teacher, rollout, decoding.vocab_size)  # [B, R, V]
+            student_logits = response_logits(student, rollout, decoding.vocab_size)
             teacher_generators = None
             if config.teacher_token == "sample" and seeds is not None:
                 teacher_generators = row_generators(derive_seeds(seeds, round_index, "teacher_token"), device)
@@ -260,22 +220,11 @@ def revise(
                 teacher_token=config.teacher_token,
                 generator=teacher_generators,
             )
-            if not _any_rank(errors.has_error.any(), synced):
+            if not any_rank(errors.has_error.any(), decoding.synced):
                 final_teacher_logits = teacher_logits
                 break
             round_seeds = derive_seeds(seeds, round_index, "regenerate") if seeds is not None else None
-            rollout, regenerated = _correct_and_regenerate(
-                student,
-                rollout,
-                errors,
-                sampling,
-                eos_token_id=eos_token_id,
-                pad_token_id=pad_token_id,
-                seeds=round_seeds,
-                vocab_size=vocab_size,
-                max_length=max_length,
-                synced=synced,
-            )
+            rollout, regenerated = _correct_and_regenerate(student, rollout, errors, decoding, round_seeds)
             corrected |= errors.has_error
             regenerated_tokens += regenerated
             error_position_sum += int(errors.positions[errors.has_error].sum())
@@ -292,28 +241,15 @@ def revise(
     return ScrgResult(rollout=rollout, teacher_logits=final_teacher_logits, stats=stats)
 
 
-def _any_rank(flag: Tensor, synced: bool) -> bool:
-    """``flag`` (0-dim bool) on this rank, or on any rank of the process group when ``synced``."""
-    if synced and dist.is_available() and dist.is_initialized():
-        flag = flag.int()
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag)
-
-
 def _correct_and_regenerate(
     student: nn.Module,
     rollout: Rollout,
     errors: ErrorPositions,
-    sampling: SamplingConfig,
-    *,
-    eos_token_id: int | Sequence[int],
-    pad_token_id: int,
+    decoding: Decoding,
     seeds: Tensor | None,
-    vocab_size: int | None,
-    max_length: int | None,
-    synced: bool = False,
 ) -> tuple[Rollout, Tensor]:
     """Write the teacher token at each error, drop what follows, re-generate; returns (rollout, [B] new tokens)."""
+    pad_token_id, synced = decoding.pad_token_id, decoding.synced
     batch_size, response_width = rollout.response_ids.shape
     device = rollout.device
     columns = torch.arange(response_width, device=device)[None, :]  # [1, R]
@@ -327,18 +263,18 @@ def _correct_and_regenerate(
 
     # The budget the rollout was sampled under: max_new_tokens response tokens, max_length in all.
     prompt_lengths = rollout.prompt_lengths()
-    length_caps = prompt_lengths + sampling.max_new_tokens  # [B] most prompt + response tokens
-    if max_length is not None:
-        length_caps = length_caps.clamp_max(max_length)
+    length_caps = prompt_lengths + decoding.sampling.max_new_tokens  # [B] most prompt + response tokens
+    if decoding.max_length is not None:
+        length_caps = length_caps.clamp_max(decoding.max_length)
     needs_regeneration = (
         errors.has_error
-        & ~torch.isin(errors.teacher_tokens, token_id_tensor(eos_token_id, device))
+        & ~torch.isin(errors.teacher_tokens, token_id_tensor(decoding.eos_token_id, device))
         & (prompt_lengths + keep.sum(-1) < length_caps)
     )  # [B]
 
     continuation_ids = rollout.response_ids.new_full((batch_size, 0), pad_token_id)  # [B, C]
     continuation_mask = keep.new_zeros(batch_size, 0)
-    if _any_rank(needs_regeneration.any(), synced):
+    if any_rank(needs_regeneration.any(), synced):
         # Synced: every row takes part (the others with no budget) so that all ranks run the same forwards.
         rows = torch.arange(batch_size, device=device) if synced else needs_regeneration.nonzero().squeeze(-1)  # [N]
         contexts_end = prompt_lengths + keep.sum(-1)
@@ -351,16 +287,7 @@ def _correct_and_regenerate(
             side="left",
         )  # [N, L], L = the longest prompt + corrected prefix
         continuation = sample(
-            student,
-            context_ids,
-            context_mask,
-            sampling,
-            eos_token_id=eos_token_id,
-            pad_token_id=pad_token_id,
-            seeds=seeds[rows] if seeds is not None else None,
-            vocab_size=vocab_size,
-            max_length=caps,
-            synced=synced,
+            student, context_ids, context_mask, decoding, seeds=seeds[rows] if seeds is not None else None, max_length=caps
         )
         continuation_ids = continuation_ids.new_full((batch_size, continuation.response_ids.size(1)), pad_token_id)
         continuation_mask = continuation_mask.new_zeros(batch_size, continuation.response_ids.size(1))

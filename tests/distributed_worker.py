@@ -7,7 +7,8 @@ import torch
 import torch.distributed as dist
 from tiny_models import build_tiny_model
 
-from mgsr_lightning.generation import Rollout, SamplingConfig, sample
+from mgsr_lightning.batch import Rollout
+from mgsr_lightning.generation import Decoding, SamplingConfig, sample
 from mgsr_lightning.scrg import ScrgConfig, revise
 
 VOCAB, EOS, PAD = 40, 0, 1
@@ -30,9 +31,9 @@ def run(rank: int, synced: bool) -> dict:
     student, teacher = models()
     prompts = Rollout.from_token_lists(PROMPTS[rank], [[] for _ in PROMPTS[rank]], pad_token_id=PAD)
     seeds = torch.arange(len(PROMPTS[rank])) + 100 * rank
-    ids = dict(eos_token_id=EOS, pad_token_id=PAD, seeds=seeds, max_length=MAX_LENGTH[rank], synced=synced)
-    rollout = sample(student, prompts.prompt_ids, prompts.prompt_mask, SAMPLING, **ids)
-    revised = revise(student, teacher, rollout, ScrgConfig(n_corrections=2), SAMPLING, **ids)
+    decoding = Decoding(SAMPLING, eos_token_id=EOS, pad_token_id=PAD, max_length=MAX_LENGTH[rank], synced=synced)
+    rollout = sample(student, prompts.prompt_ids, prompts.prompt_mask, decoding, seeds=seeds)
+    revised = revise(student, teacher, rollout, ScrgConfig(n_corrections=2), decoding, seeds=seeds)
     return {"rollout": rollout.to_token_lists()[1], "revised": revised.rollout.to_token_lists()[1]}
 
 

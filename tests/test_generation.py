@@ -1,4 +1,4 @@
-"""Student rollouts: the shared Rollout layout and the KV-cached sampler, on tiny real GPT-2/OPT/LLaMA models."""
+"""Student rollouts: response-aligned logits and the KV-cached sampler, on tiny real GPT-2/OPT/LLaMA models."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import torch
 from tiny_models import build_tiny_model
 from torch import nn
 
+from mgsr_lightning.batch import Rollout
 from mgsr_lightning.generation import (
-    Rollout,
+    Decoding,
     SamplingConfig,
     choose_tokens,
     filter_logits,
-    pack_tokens,
     response_logits,
     sample,
 )
@@ -101,40 +101,16 @@ def left_padded(prompts: list[list[int]], extra_padding: int = 0) -> tuple[torch
 PROMPTS = [[5, 17, 42], [8, 9, 10, 11, 12, 13], [99]]
 
 
-# ---------------------------------------------------------------- the Rollout layout
+# ---------------------------------------------------------------- logits over a rollout
 
 
-def test_rollout_layout_positions_labels_and_alignment():
+def test_response_logits_are_aligned_with_the_response_tokens():
     rollout = Rollout.from_token_lists([[5, 6], [7]], [[20, 0], [21, 22, 23]], pad_token_id=PAD)
-
-    inputs = rollout.model_inputs()
-    assert inputs["input_ids"].tolist() == [[5, 6, 20, 0, PAD], [PAD, 7, 21, 22, 23]]
-    assert inputs["attention_mask"].tolist() == [[1, 1, 1, 1, 0], [0, 1, 1, 1, 1]]
-    assert inputs["position_ids"].tolist() == [[0, 1, 2, 3, 3], [0, 0, 1, 2, 3]]
-    assert rollout.prompt_lengths().tolist() == [2, 1]
-    assert rollout.response_lengths().tolist() == [2, 3]
-    assert rollout.to_token_lists() == ([[5, 6], [7]], [[20, 0], [21, 22, 23]])
-
     # Column P-1+r of the full logits predicts response token r; response_logits keeps only those.
     model = build_tiny_model("gpt2", VOCAB, n_layer=1)
-    full = model(**inputs).logits  # [B, P+R, V]
+    full = model(**rollout.model_inputs()).logits  # [B, P+R, V]
     torch.testing.assert_close(response_logits(model, rollout), full[:, 1:4])
     torch.testing.assert_close(response_logits(model, rollout, vocab_size=7), full[:, 1:4, :7])
-
-    assert rollout.select(torch.tensor([1])).to_token_lists() == ([[7]], [[21, 22, 23]])
-
-
-def test_pack_tokens_moves_real_tokens_in_order_and_trims():
-    ids = torch.tensor([[PAD, 5, 6, 30, PAD], [PAD, PAD, 7, PAD, 31]])
-    mask = ids != PAD
-
-    left_ids, left_mask = pack_tokens(ids, mask, pad_token_id=PAD, side="left")
-    assert left_ids.tolist() == [[5, 6, 30], [PAD, 7, 31]]
-    assert left_mask.tolist() == [[True, True, True], [False, True, True]]
-
-    right_ids, right_mask = pack_tokens(ids, mask, pad_token_id=PAD, side="right")
-    assert right_ids.tolist() == [[5, 6, 30], [7, 31, PAD]]
-    assert right_mask.tolist() == [[True, True, True], [True, True, False]]
 
 
 # ---------------------------------------------------------------- decoding
@@ -145,7 +121,7 @@ def test_greedy_matches_hf_generate_with_left_padding(family):
     model = sharpened(build_tiny_model(family, VOCAB, n_layer=1))
     prompt_ids, prompt_mask = left_padded(PROMPTS)
 
-    rollout = sample(model, prompt_ids, prompt_mask, GREEDY, **IDS)
+    rollout = sample(model, prompt_ids, prompt_mask, Decoding(GREEDY, **IDS))
     reference = model.generate(
         input_ids=prompt_ids,
         attention_mask=prompt_mask.long(),
@@ -165,17 +141,17 @@ def test_row_seeds_make_each_row_independent_of_batch_and_padding():
     config = SamplingConfig(max_new_tokens=10)
     seeds = torch.tensor([11, 22, 33])
 
-    batched = sample(model, *left_padded(PROMPTS), config, **IDS, seeds=seeds)
+    batched = sample(model, *left_padded(PROMPTS), Decoding(config, **IDS), seeds=seeds)
     _, batched_responses = batched.to_token_lists()
 
-    reversed_batch = sample(model, *left_padded(PROMPTS[::-1]), config, **IDS, seeds=seeds.flip(0))
+    reversed_batch = sample(model, *left_padded(PROMPTS[::-1]), Decoding(config, **IDS), seeds=seeds.flip(0))
     assert reversed_batch.to_token_lists()[1] == batched_responses[::-1]
     for row, prompt in enumerate(PROMPTS):
         prompt_ids, prompt_mask = left_padded([prompt], extra_padding=3)
-        alone = sample(model, prompt_ids, prompt_mask, config, **IDS, seeds=seeds[row : row + 1])
+        alone = sample(model, prompt_ids, prompt_mask, Decoding(config, **IDS), seeds=seeds[row : row + 1])
         assert alone.to_token_lists()[1] == [batched_responses[row]]
 
-    other_seed = sample(model, *left_padded(PROMPTS[:1]), config, **IDS, seeds=seeds[:1] + 1)
+    other_seed = sample(model, *left_padded(PROMPTS[:1]), Decoding(config, **IDS), seeds=seeds[:1] + 1)
     assert other_seed.to_token_lists()[1] != batched_responses[:1]
 
 
@@ -184,11 +160,11 @@ def test_without_seeds_the_global_rng_drives_sampling():
     config = SamplingConfig(max_new_tokens=10)
 
     torch.manual_seed(7)
-    first = sample(model, *left_padded(PROMPTS), config, **IDS)
+    first = sample(model, *left_padded(PROMPTS), Decoding(config, **IDS))
     torch.manual_seed(7)
-    again = sample(model, *left_padded(PROMPTS), config, **IDS)
+    again = sample(model, *left_padded(PROMPTS), Decoding(config, **IDS))
     torch.manual_seed(8)
-    other = sample(model, *left_padded(PROMPTS), config, **IDS)
+    other = sample(model, *left_padded(PROMPTS), Decoding(config, **IDS))
 
     assert torch.equal(first.response_ids, again.response_ids)
     assert not torch.equal(first.response_ids, other.response_ids)
@@ -201,7 +177,7 @@ def test_eos_ends_each_row_and_is_kept():
     prompt_ids, prompt_mask = left_padded([[5, 6], [5, 6, 7, 8]], extra_padding=1)
 
     config = SamplingConfig(max_new_tokens=12)
-    rollout = sample(model, prompt_ids, prompt_mask, config, **IDS, seeds=torch.tensor([0, 1]))
+    rollout = sample(model, prompt_ids, prompt_mask, Decoding(config, **IDS), seeds=torch.tensor([0, 1]))
 
     assert rollout.response_ids.tolist() == [[7, 7, 7, EOS], [7, EOS, PAD, PAD]]
     assert rollout.response_mask.tolist() == [[True] * 4, [True, True, False, False]]
@@ -212,14 +188,14 @@ def test_max_new_tokens_and_max_length_cap_each_row():
     prompts = [[5, 6], [5, 6, 7, 8], [5, 6, 7, 8, 9, 10, 11]]
     config = SamplingConfig(max_new_tokens=5)
 
-    uncapped = sample(model, *left_padded(prompts), config, **IDS)
+    uncapped = sample(model, *left_padded(prompts), Decoding(config, **IDS))
     assert uncapped.response_lengths().tolist() == [5, 5, 5]
 
-    capped = sample(model, *left_padded(prompts), config, **IDS, max_length=6)
+    capped = sample(model, *left_padded(prompts), Decoding(config, **IDS), max_length=6)
     assert capped.response_lengths().tolist() == [4, 2, 0]  # prompt + response <= 6; a longer prompt gets nothing
     assert capped.to_token_lists()[1] == [[7] * 4, [7] * 2, []]
 
-    per_row = sample(model, *left_padded(prompts), config, **IDS, max_length=torch.tensor([3, 9, 8]))
+    per_row = sample(model, *left_padded(prompts), Decoding(config, **IDS), max_length=torch.tensor([3, 9, 8]))
     assert per_row.response_lengths().tolist() == [1, 5, 1]
 
 
@@ -229,10 +205,10 @@ def test_padded_vocabulary_rows_are_never_sampled():
     bias[300:] = 100.0
     model = with_output_bias(build_tiny_model("gpt2", VOCAB, n_layer=1), bias)
     config = SamplingConfig(max_new_tokens=10)
-    kwargs = dict(**IDS, seeds=torch.tensor([1, 2, 3]))
+    seeds = torch.tensor([1, 2, 3])
 
-    unsliced = sample(model, *left_padded(PROMPTS), config, **kwargs)
-    sliced = sample(model, *left_padded(PROMPTS), config, vocab_size=300, **kwargs)
+    unsliced = sample(model, *left_padded(PROMPTS), Decoding(config, **IDS), seeds=seeds)
+    sliced = sample(model, *left_padded(PROMPTS), Decoding(config, **IDS, vocab_size=300), seeds=seeds)
 
     assert (unsliced.response_ids >= 300).all()
     assert (sliced.response_ids < 300).all()
@@ -242,12 +218,15 @@ def test_padded_vocabulary_rows_are_never_sampled():
 def test_top_k_one_and_tiny_top_p_sample_the_greedy_tokens():
     model = sharpened(build_tiny_model("gpt2", VOCAB, n_layer=1))
     prompt_ids, prompt_mask = left_padded(PROMPTS)
-    kwargs = dict(**IDS, seeds=torch.tensor([4, 5, 6]))
+    seeds = torch.tensor([4, 5, 6])
 
-    greedy = sample(model, prompt_ids, prompt_mask, GREEDY, **kwargs)
-    top_k_one = sample(model, prompt_ids, prompt_mask, SamplingConfig(top_k=1, max_new_tokens=8), **kwargs)
-    tiny_top_p = sample(model, prompt_ids, prompt_mask, SamplingConfig(top_p=1e-6, max_new_tokens=8), **kwargs)
-    full = sample(model, prompt_ids, prompt_mask, SamplingConfig(max_new_tokens=8), **kwargs)
+    def sampled(config: SamplingConfig) -> Rollout:
+        return sample(model, prompt_ids, prompt_mask, Decoding(config, **IDS), seeds=seeds)
+
+    greedy = sampled(GREEDY)
+    top_k_one = sampled(SamplingConfig(top_k=1, max_new_tokens=8))
+    tiny_top_p = sampled(SamplingConfig(top_p=1e-6, max_new_tokens=8))
+    full = sampled(SamplingConfig(max_new_tokens=8))
 
     assert torch.equal(top_k_one.response_ids, greedy.response_ids)
     assert torch.equal(tiny_top_p.response_ids, greedy.response_ids)
@@ -286,7 +265,7 @@ def test_sampling_config_rejects_invalid_values():
 def test_rollout_feeds_a_student_forward_with_grad():
     # Ids made under torch.inference_mode() would raise "Inference tensors cannot be saved for backward" here.
     student = build_tiny_model("gpt2", VOCAB, n_layer=1)
-    rollout = sample(student, *left_padded(PROMPTS), SamplingConfig(max_new_tokens=6), **IDS)
+    rollout = sample(student, *left_padded(PROMPTS), Decoding(SamplingConfig(max_new_tokens=6), **IDS))
     assert not rollout.response_ids.is_inference()
 
     student.train()
@@ -300,10 +279,10 @@ def test_rollout_feeds_a_student_forward_with_grad():
 def test_sampling_runs_without_dropout_and_restores_train_mode():
     model = sharpened(build_tiny_model("gpt2", VOCAB, n_layer=1))
     prompt_ids, prompt_mask = left_padded(PROMPTS)
-    in_eval = sample(model, prompt_ids, prompt_mask, GREEDY, **IDS)
+    in_eval = sample(model, prompt_ids, prompt_mask, Decoding(GREEDY, **IDS))
 
     model.train()  # GPT-2's dropout (p = 0.1) would change the greedy tokens if it stayed on
-    in_train = sample(model, prompt_ids, prompt_mask, GREEDY, **IDS)
+    in_train = sample(model, prompt_ids, prompt_mask, Decoding(GREEDY, **IDS))
 
     assert model.training
     assert torch.equal(in_train.response_ids, in_eval.response_ids)
@@ -313,4 +292,4 @@ def test_empty_prompt_is_rejected():
     model = build_tiny_model("gpt2", VOCAB, n_layer=1)
     prompt_ids, prompt_mask = left_padded([[5, 6], []])
     with pytest.raises(ValueError, match="at least one real token"):
-        sample(model, prompt_ids, prompt_mask, GREEDY, **IDS)
+        sample(model, prompt_ids, prompt_mask, Decoding(GREEDY, **IDS))

@@ -9,8 +9,10 @@ import torch
 from tiny_models import build_tiny_model, cli_overrides, last_checkpoint
 
 from mgsr_lightning.cli import run_cli
+from mgsr_lightning.batch import Rollout
+from mgsr_lightning.losses.objective import DistillLoss, SpanLoss, response_cross_entropy
 from mgsr_lightning.models import ModelSource, VocabularyMismatchError, check_vocabularies
-from mgsr_lightning.module import DistillLightningModule, DistillLoss, SpanLoss
+from mgsr_lightning.module import DistillLightningModule
 from mgsr_lightning.regimes import RegimeConfig
 from mgsr_lightning.scrg import ScrgConfig
 
@@ -77,7 +79,7 @@ def test_padded_student_vocabulary_trains_and_never_samples_padding(tiny_assets,
     module = cli.model
     assert module.vocab_size == vocab
     batch = next(iter(cli.datamodule.train_dataloader()))
-    rollout = module.student_outputs(module.ground_truth(batch))
+    rollout = module.student_outputs(Rollout.from_batch(batch)).sequences
     assert int(rollout.response_ids[rollout.response_mask].max()) < vocab
 
 
@@ -129,14 +131,20 @@ def test_sft_term_uses_ground_truth_while_distilling_on_student_outputs(tiny_ass
     )
     data.setup("fit")
     batch = next(iter(data.train_dataloader()))
-    ground_truth = module.ground_truth(batch)
+    ground_truth = Rollout.from_batch(batch)
     with torch.no_grad():
-        fresh = module.student_outputs(ground_truth)
-        terms = module.losses(ground_truth, fresh)
-        from mgsr_lightning.module import response_cross_entropy
-
-        expected_sft = response_cross_entropy(module._logits(module.student, ground_truth), ground_truth)
-        on_fresh = response_cross_entropy(module._logits(module.student, fresh), fresh)
+        step = module.student_outputs(ground_truth)
+        fresh = step.sequences
+        assert step.teacher_logits is not None or step.metrics["scrg/corrected_fraction"] > 0
+        teacher_logits = module.teacher_logits(fresh)
+        if step.teacher_logits is not None:  # SCRG's teacher logits are over exactly the revised sequences
+            torch.testing.assert_close(step.teacher_logits, teacher_logits)
+        terms, _ = module.objective.terms(
+            fresh, module.logits(module.student, fresh), teacher_logits, ground_truth,
+            module.logits(module.student, ground_truth),
+        )
+        expected_sft = response_cross_entropy(module.logits(module.student, ground_truth), ground_truth)
+        on_fresh = response_cross_entropy(module.logits(module.student, fresh), fresh)
     assert set(terms) == {"sft", "distill", "span"}
     torch.testing.assert_close(terms["sft"], expected_sft)
     assert not torch.allclose(terms["sft"], on_fresh)

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mgsr_lightning.generation import Rollout
-from mgsr_lightning.regimes import RegimeConfig, build_regime
+from mgsr_lightning.batch import Rollout
+from mgsr_lightning.regimes import RegimeConfig, TrainingSequences, build_regime
 
 PAD = 0
 
@@ -25,15 +25,15 @@ class FreshCounter:
         self.calls = 0
         self.batch_size = batch_size
 
-    def __call__(self) -> Rollout:
+    def __call__(self) -> TrainingSequences:
         self.calls += 1
-        return rollout([[100 + self.calls, 200 + i] for i in range(self.batch_size)])
+        return TrainingSequences(rollout([[100 + self.calls, 200 + i] for i in range(self.batch_size)]), "fresh")
 
 
 def draw(regime, n: int, progress: float = 0.0, fresh=None) -> list[str]:
     fresh = fresh or FreshCounter()
     gt = rollout([[1, 2], [3]])
-    return [regime.training_sequences({}, gt, fresh, progress)[1] for _ in range(n)]
+    return [regime.training_sequences({}, gt, fresh, progress).source for _ in range(n)]
 
 
 def test_adaptive_threshold_rises_only_when_validation_loss_rises_by_eps():
@@ -63,8 +63,9 @@ def test_replayed_batches_come_from_the_buffer():
     gt = rollout([[1, 2], [3]])
     regime.training_sequences({}, gt, FreshCounter(), 1.0)
     stored = {(tuple(prompt), tuple(response)) for prompt, response in regime.buffer}
-    replayed, source = regime.training_sequences({}, gt, FreshCounter(), 1.0)
-    assert source == "replay" and replayed.batch_size == gt.batch_size
+    step = regime.training_sequences({}, gt, FreshCounter(), 1.0)
+    replayed = step.sequences
+    assert step.source == "replay" and replayed.batch_size == gt.batch_size and step.teacher_logits is None
     prompts, responses = replayed.to_token_lists()
     assert {(tuple(prompt), tuple(response)) for prompt, response in zip(prompts, responses)} <= stored
 
@@ -132,8 +133,8 @@ def test_teacher_cache_is_built_once_reused_and_rebuilt_for_other_prompts(tmp_pa
     assert calls == [2, 2, 1, 2, 2, 1]
 
     gt = rollout([[1], [2]], prompts=[[7, 13], [7, 11]])
-    sequences, source = other.training_sequences({"example_index": torch.tensor([3, 1])}, gt, FreshCounter(), 0.0)
-    assert source == "teacher"
-    assert sequences.to_token_lists() == ([[7, 13], [7, 11]], [[53, 63], [51, 61]])
+    step = other.training_sequences({"example_index": torch.tensor([3, 1])}, gt, FreshCounter(), 0.0)
+    assert step.source == "teacher"
+    assert step.sequences.to_token_lists() == ([[7, 13], [7, 11]], [[53, 63], [51, 61]])
     with pytest.raises(RuntimeError, match=r"no cached teacher response for training examples \[9\]"):
         other.training_sequences({"example_index": torch.tensor([9, 1])}, gt, FreshCounter(), 0.0)

@@ -23,8 +23,10 @@ from test_generation import (
     with_output_bias,
 )
 
-from mgsr_lightning.generation import Rollout, SamplingConfig, response_logits, row_generators, sample
-from mgsr_lightning.scrg import ScrgConfig, derive_seeds, find_error_positions, revise
+from mgsr_lightning.batch import Rollout
+from mgsr_lightning.generation import Decoding, SamplingConfig, response_logits, sample
+from mgsr_lightning.scrg import ScrgConfig, find_error_positions, revise
+from mgsr_lightning.seeding import derive_seeds, row_generators
 
 
 def kl_float64(p_logits: torch.Tensor, q_logits: torch.Tensor) -> torch.Tensor:
@@ -200,10 +202,10 @@ MAIN_TEACHER_ROWS = {
 }
 
 
-def run_revise(student, teacher, rollout, config=ScrgConfig(), sampling=EIGHT_TOKENS, **kwargs):
-    """``revise`` with the tests' EOS/pad ids and, unless given, one seed per row."""
-    kwargs.setdefault("seeds", torch.arange(rollout.batch_size))
-    return revise(student, teacher, rollout, config, sampling, **IDS, **kwargs)
+def run_revise(student, teacher, rollout, config=ScrgConfig(), sampling=EIGHT_TOKENS, seeds=None, **limits):
+    """``revise`` with the tests' EOS/pad ids, ``limits`` (vocab_size, max_length) and, unless given, one seed per row."""
+    seeds = torch.arange(rollout.batch_size) if seeds is None else seeds
+    return revise(student, teacher, rollout, config, Decoding(sampling, **IDS, **limits), seeds=seeds)
 
 
 def responses(result) -> list[list[int]]:
@@ -360,7 +362,7 @@ def random_pair():
 
 def student_rollout(student, prompts, seeds, max_new_tokens=8, extra_padding=0) -> Rollout:
     config = SamplingConfig(max_new_tokens=max_new_tokens)
-    return sample(student, *left_padded(prompts, extra_padding), config, **IDS, seeds=seeds)
+    return sample(student, *left_padded(prompts, extra_padding), Decoding(config, **IDS), seeds=seeds)
 
 
 def test_suffix_is_what_the_student_samples_after_the_corrected_prefix(random_pair):
@@ -384,8 +386,7 @@ def test_suffix_is_what_the_student_samples_after_the_corrected_prefix(random_pa
         continuation = sample(
             student,
             *left_padded([prompts[row] + revised[: j + 1]]),
-            EIGHT_TOKENS,
-            **IDS,
+            Decoding(EIGHT_TOKENS, **IDS),
             seeds=regeneration_seeds[row : row + 1],
             max_length=len(prompts[row]) + EIGHT_TOKENS.max_new_tokens,
         )
@@ -416,7 +417,7 @@ def test_padded_vocabulary_is_cut_before_scoring(random_pair):
     teacher = with_output_bias(build_tiny_model("gpt2", VOCAB, seed=1, n_layer=2), bias)
     seeds = torch.tensor([1, 2, 3])
     rollout = sample(
-        student, *left_padded(PROMPTS), EIGHT_TOKENS, **IDS, seeds=seeds, vocab_size=300
+        student, *left_padded(PROMPTS), Decoding(EIGHT_TOKENS, **IDS, vocab_size=300), seeds=seeds
     )
 
     uncut = run_revise(student, teacher, rollout, seeds=seeds)

@@ -258,3 +258,12 @@ class InstructionDataModule(L.LightningDataModule):
 
     def predict_dataloader(self) -> DataLoader:
         return self._eval_loader("test")
+
+    def train_examples(self) -> list[EncodedExample]:
+        """The encoded training examples in dataset order (SeqKD's teacher answers each once)."""
+        return self.datasets["train"].examples
+
+    @property
+    def generation_batch_size(self) -> int:
+        """Prompts per batch when generating outside the training loop."""
+        return self.hparams.eval_batch_size or self.hparams.batch_size

@@ -2,19 +2,13 @@
 DDP-correct metrics for validation, and the Table-1 report.
 
 - :mod:`.rouge`: ROUGE-L ×100 and exact match per example, exactly as the peers' ``rouge_metric.py``.
-- :mod:`.metrics`: torchmetrics ``RougeL`` / ``ExactMatch`` (sum/count states) for ``validation_step``.
+- :mod:`.metrics`: torchmetrics ``RougeL`` / ``ExactMatch`` (sum/count states) for validation (``callbacks.GenerationMetrics``).
 - :mod:`.readers`: DollyEval, SelfInst, Vicuna, S-NI, UnNI (``EVAL_SETS``) and Dolly-15k's 1,000-row split.
 - :mod:`.evaluate`: ``evaluate_model`` (generate + score over seeds; generations.jsonl, metrics.json, table.md).
 - :mod:`.report`: Table 1 in markdown and as a bar chart, from several runs' metrics.
 """
 
-from mgsr_lightning.evaluation.evaluate import (
-    DEFAULT_SEEDS,
-    EvalConfig,
-    decode_responses,
-    evaluate_model,
-    example_seeds,
-)
+from mgsr_lightning.evaluation.evaluate import DEFAULT_SEEDS, EvalConfig, evaluate_model
 from mgsr_lightning.evaluation.metrics import ExactMatch, MeanScore, MeanTextScore, RougeL
 from mgsr_lightning.evaluation.readers import (
     EVAL_SETS,
@@ -25,6 +19,8 @@ from mgsr_lightning.evaluation.readers import (
 )
 from mgsr_lightning.evaluation.report import format_table1, plot_table1, summarize_runs, write_report
 from mgsr_lightning.evaluation.rouge import exact_match, normalize_answer, rouge_l
+from mgsr_lightning.generation import decode_responses
+from mgsr_lightning.seeding import example_seeds
 
 __all__ = [
     "DEFAULT_SEEDS",

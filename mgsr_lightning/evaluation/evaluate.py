@@ -12,7 +12,7 @@ Protocol (MiniLLM/DistiLLM ``evaluate_main.py`` + ``run_eval.sh``):
   the reported number is the mean over seeds, with the sample std across seeds.
 
 **Reproducibility.** Example ``i`` of a set is sampled with its own generator seeded with
-``seed * 1_000_003 + i`` (:func:`example_seeds`), so its response — and thus the score — does not
+``seed * 1_000_003 + i`` (:func:`mgsr_lightning.seeding.example_seeds`), so its response — and thus the score — does not
 depend on the evaluation batch size, on the other examples in the batch, or on the number of DDP
 ranks (for a given device type and library versions). The peers seed one global RNG per rank
 (``seed + rank``), so their numbers change with batch size and GPU count.
@@ -51,11 +51,12 @@ from mgsr_lightning.evaluation.metrics import MeanScore
 from mgsr_lightning.evaluation.readers import EVAL_SETS
 from mgsr_lightning.evaluation.report import format_table1
 from mgsr_lightning.evaluation.rouge import as_references, exact_match, rouge_l
-from mgsr_lightning.generation import Rollout, SamplingConfig, sample
+from mgsr_lightning.distributed import gather_per_rank, rank_and_world_size
+from mgsr_lightning.generation import Decoding, SamplingConfig, decode_responses, sample
+from mgsr_lightning.seeding import SEED_STRIDE, example_seeds
 from mgsr_lightning.tokenizer import token_id
 
 DEFAULT_SEEDS = (10, 20, 30, 40, 50)
-SEED_STRIDE = 1_000_003  # a prime larger than any evaluation set, so (seed, index) pairs never collide
 SCORED_METRICS = ("rougeL", "exact_match")
 # samples differ across these (and across device types), so metrics.json records them
 VERSIONED_PACKAGES = ("torch", "transformers", "rouge-score", "nltk")
@@ -92,33 +93,6 @@ class EvalConfig:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
 
 
-def example_seeds(seed: int, example_index: torch.Tensor) -> torch.Tensor:
-    """[B] int64 generator seeds ``seed * 1_000_003 + example_index`` (example_index [B], position in its set)."""
-    return seed * SEED_STRIDE + example_index.long()
-
-
-def decode_responses(tokenizer, rollout: Rollout) -> list[str]:
-    """The response text of each row: real response tokens decoded without special tokens (EOS, pad),
-    MiniLLM's ``<n>`` newline marker restored, surrounding whitespace stripped."""
-    _, responses = rollout.to_token_lists()
-    texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
-    return [text.replace("<n>", "\n").strip() for text in texts]
-
-
-def _rank_and_world_size() -> tuple[int, int]:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return 0, 1
-
-
-def _all_gather(rows: list[dict[str, Any]], world_size: int) -> list[dict[str, Any]]:
-    if world_size == 1:
-        return rows
-    gathered: list[list[dict[str, Any]] | None] = [None] * world_size
-    torch.distributed.all_gather_object(gathered, rows)
-    return [row for rank_rows in gathered for row in rank_rows]
-
-
 def _mean_and_std(values: Sequence[float]) -> tuple[float, float]:
     """Mean and sample std (ddof = 1; 0 for a single value)."""
     return statistics.fmean(values), statistics.stdev(values) if len(values) >= 2 else 0.0
@@ -135,19 +109,16 @@ def _generate_and_score(
     tokenizer,
     batch: Mapping[str, torch.Tensor],
     records: Sequence[Mapping[str, Any]],
-    sampling: SamplingConfig,
+    decoding: Decoding,
     *,
     seed: int,
-    eos_token_id: int,
-    pad_token_id: int,
     set_name: str,
 ) -> list[dict[str, Any]]:
     """Sample one response per example of a collated batch and score it: one generations row per example."""
     device = next(model.parameters()).device
     rollout = sample(
-        model, batch["prompt_ids"].to(device), batch["prompt_mask"].to(device), sampling,
-        eos_token_id=eos_token_id, pad_token_id=pad_token_id,
-        seeds=example_seeds(seed, batch["example_index"]), vocab_size=len(tokenizer),
+        model, batch["prompt_ids"].to(device), batch["prompt_mask"].to(device), decoding,
+        seeds=example_seeds(seed, batch["example_index"]),
     )
     rows = []
     for index, prediction, length in zip(
@@ -185,11 +156,12 @@ def evaluate_model(
          "config": {...}}
     """
     config = config or EvalConfig()
-    rank, world_size = _rank_and_world_size()
+    rank, world_size = rank_and_world_size()
     device = next(model.parameters()).device
     eos_token_id = token_id(tokenizer, config.eos_token)
     pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_token_id
     collator = InstructionCollator(pad_token_id)
+    decoding = Decoding(config.sampling, eos_token_id, pad_token_id, vocab_size=len(tokenizer))
 
     prepared = {}
     for name, records in eval_sets.items():
@@ -218,8 +190,8 @@ def evaluate_model(
             means = {metric: MeanScore().to(device) for metric in SCORED_METRICS}
             for start in range(0, len(shard), config.batch_size):
                 batch_rows = _generate_and_score(
-                    model, tokenizer, collator(shard[start : start + config.batch_size]), records, config.sampling,
-                    seed=seed, eos_token_id=eos_token_id, pad_token_id=pad_token_id, set_name=name,
+                    model, tokenizer, collator(shard[start : start + config.batch_size]), records, decoding,
+                    seed=seed, set_name=name,
                 )
                 for metric in SCORED_METRICS:
                     means[metric].update([row[metric] for row in batch_rows])
@@ -227,7 +199,7 @@ def evaluate_model(
                 progress.update()
             for metric in SCORED_METRICS:
                 per_seed[metric].append(float(means[metric].compute()))  # synced across ranks
-        rows = sorted(_all_gather(rows, world_size), key=lambda row: (row["seed"], row["index"]))
+        rows = sorted([row for part in gather_per_rank(rows) for row in part], key=lambda row: (row["seed"], row["index"]))
         generations += rows
         set_result: dict[str, Any] = {"display_name": EVAL_SETS[name].display_name if name in EVAL_SETS else name}
         for metric, values in per_seed.items():

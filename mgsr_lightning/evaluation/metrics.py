@@ -3,12 +3,8 @@
 Each metric keeps two float64 states, ``score_sum`` (Σ of per-example scores) and ``num_examples``,
 both reduced with ``dist_reduce_fx="sum"``. ``compute()`` returns ``score_sum / num_examples`` over
 every example seen by every rank, so the value does not depend on how the examples were split
-across DDP ranks or batches (up to float64 summation order). A LightningModule updates one per
-validation batch and logs it at epoch end::
-
-    self.val_rouge_l = RougeL()                                   # in __init__
-    self.val_rouge_l.update(predictions, references)              # in validation_step
-    self.log("val/rougeL", self.val_rouge_l, on_epoch=True)       # Lightning calls compute() and reset()
+across DDP ranks or batches (up to float64 summation order). ``callbacks.GenerationMetrics``
+updates one per validation batch and logs ``compute()`` at epoch end.
 """
 
 from __future__ import annotations

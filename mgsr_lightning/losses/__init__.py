@@ -2,7 +2,8 @@
 
 Each loss is ``fn(student_logits [B, T, V], teacher_logits [B, T, V], mask [B, T] | None = None, *,
 temperature=1.0, reduction="mean", chunk_size=None, **params)``; see ``divergences`` for the shared
-conventions. ``DIVERGENCES`` maps each baseline's config name to its function.
+conventions. ``DIVERGENCES`` maps each baseline's config name to its function. ``objective`` combines
+the configured terms into the training loss.
 """
 
 from mgsr_lightning.losses.dac_kl import ClipNet, dac_kl
@@ -16,14 +17,26 @@ from mgsr_lightning.losses.divergences import (
     symmetric_kl,
     total_variation,
 )
+from mgsr_lightning.losses.objective import (
+    DistillLoss,
+    Objective,
+    SpanLoss,
+    build_clip_net,
+    response_cross_entropy,
+)
 from mgsr_lightning.losses.span_correlation import span_correlation_loss
 
 __all__ = [
     "DIVERGENCES",
     "ClipNet",
+    "DistillLoss",
+    "Objective",
+    "SpanLoss",
+    "build_clip_net",
     "dac_kl",
     "forward_kl",
     "generalized_jsd",
+    "response_cross_entropy",
     "reverse_kl",
     "skew_forward_kl",
     "skew_reverse_kl",

@@ -49,10 +49,11 @@ def test_batch_layout_prompt_left_response_right_with_eos(datamodule):
 
 def test_prompt_tokens_never_in_the_loss(datamodule):
     """The SFT loss sees response tokens only: prompt tokens have no logit in it, padding no weight."""
-    from mgsr_lightning.module import DistillLightningModule, response_cross_entropy
+    from mgsr_lightning.batch import Rollout
+    from mgsr_lightning.losses.objective import response_cross_entropy
 
     batch = next(iter(datamodule.train_dataloader()))
-    rollout = DistillLightningModule.ground_truth(batch)
+    rollout = Rollout.from_batch(batch)
     vocab = len(datamodule.tokenizer)
     logits = torch.randn(*rollout.response_ids.shape, vocab)
     expected = torch.stack([
@@ -62,7 +63,7 @@ def test_prompt_tokens_never_in_the_loss(datamodule):
     torch.testing.assert_close(response_cross_entropy(logits, rollout), expected)
     noisy = logits.masked_fill(~rollout.response_mask[..., None], 1e4)  # garbage where padding is
     torch.testing.assert_close(response_cross_entropy(noisy, rollout), expected)
-    empty = DistillLightningModule.ground_truth({**batch, "response_mask": torch.zeros_like(batch["response_mask"])})
+    empty = Rollout.from_batch({**batch, "response_mask": torch.zeros_like(batch["response_mask"])})
     assert response_cross_entropy(logits, empty).item() == 0.0
 
 

@@ -10,9 +10,10 @@ import torch
 from tiny_models import build_tiny_model
 from rouge_score import rouge_scorer
 
-from mgsr_lightning.evaluation.evaluate import EvalConfig, decode_responses, evaluate_model, example_seeds
+from mgsr_lightning.batch import Rollout
+from mgsr_lightning.evaluation.evaluate import EvalConfig, evaluate_model
 from mgsr_lightning.evaluation.readers import load_eval_set
-from mgsr_lightning.generation import Rollout, SamplingConfig
+from mgsr_lightning.generation import SamplingConfig, decode_responses
 
 DATA_ROOT = Path(__file__).parent / "fixtures" / "minillm_data"
 SCORER = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
@@ -40,10 +41,6 @@ def read_generations(output_dir):
 
 def predictions_by_key(rows):
     return {(row["set"], row["seed"], row["index"]): row["prediction"] for row in rows}
-
-
-def test_example_seed_formula():
-    assert example_seeds(10, torch.tensor([0, 1, 7])).tolist() == [10_000_030, 10_000_031, 10_000_037]
 
 
 def test_same_seed_repeats_and_different_seeds_differ(model, tiny_tokenizer, eval_sets, tmp_path):

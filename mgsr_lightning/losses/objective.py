@@ -1,0 +1,192 @@
+"""The training objective: which loss terms a method sums, with what weights, as one callable.
+
+    loss = sft_weight · L_SFT  +  distill.weight · L_distill  +  span.weight · L_span
+
+- ``sft``: cross-entropy on the ground-truth response (``sft_on: ground_truth``, the default: never
+  on the student's own text) or on the training sequences (``training_sequence``: SeqKD);
+- ``distill``: a divergence of :mod:`mgsr_lightning.losses.divergences`, or DAC-KL with its ClipNet,
+  over the training sequences' response tokens;
+- ``span``: span-level correlation (:mod:`mgsr_lightning.losses.span_correlation`) inside the spans
+  the span prior finds in the training sequences.
+
+The configs below are the module's ``distill`` and ``span`` init args.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch.nn.functional as F
+from torch import Tensor
+
+from mgsr_lightning.batch import Rollout
+from mgsr_lightning.losses.dac_kl import ClipNet, dac_kl
+from mgsr_lightning.losses.divergences import DIVERGENCES
+from mgsr_lightning.losses.span_correlation import span_correlation_loss
+
+DistillLossName = Literal[
+    "forward_kl", "reverse_kl", "symmetric_kl", "skew_forward_kl", "skew_reverse_kl",
+    "generalized_jsd", "total_variation", "dac_kl",
+]
+
+
+@dataclass
+class DistillLoss:
+    """The token-level distillation term, computed on the training sequences' response tokens.
+
+    Args:
+        name: ``forward_kl``, ``reverse_kl``, ``symmetric_kl``, ``skew_forward_kl``, ``skew_reverse_kl``,
+            ``generalized_jsd``, ``total_variation`` or ``dac_kl`` (see :mod:`mgsr_lightning.losses`).
+        weight: Weight of the term in the total loss.
+        temperature: Both logits are divided by it before the softmax.
+        params: Extra keyword arguments of the loss function, e.g. ``{alpha: 0.1}`` for the skew KLs,
+            ``{beta: 0.5}`` for ``generalized_jsd``, ``{lam: 0.9}`` for ``symmetric_kl``, or DAC-KL's
+            ``{mode: learned, normalize: true, beta: 0.02, rho_min: 0.5, lam_cov: 10.0}``.
+        chunk_size: Tokens per chunk, bounding the loss's extra memory to O(chunk × V).
+        clip_net: DAC-KL only: keyword arguments of :class:`mgsr_lightning.losses.ClipNet`, the
+            learnable sub-network that predicts the clipping bounds.
+        clip_net_lr: DAC-KL only: learning rate of ClipNet's own optimizer parameter group.
+    """
+
+    name: DistillLossName = "forward_kl"
+    weight: float = 1.0
+    temperature: float = 1.0
+    params: dict[str, Any] = field(default_factory=dict)
+    chunk_size: int | None = None
+    clip_net: dict[str, Any] = field(default_factory=dict)
+    clip_net_lr: float = 1e-3
+
+
+@dataclass
+class SpanLoss:
+    """The span-level correlation term (0 weight = off).
+
+    Args:
+        weight: Weight of the term in the total loss.
+        prior: ``tokens`` (data-free segmentation on token ids, the default) or ``spacy``
+            (a linguistic chunker on decoded text; needs spaCy with an English model installed).
+        chunk_size: Adjacent pairs per chunk, bounding the extra memory.
+    """
+
+    weight: float = 0.0
+    prior: Literal["tokens", "spacy"] = "tokens"
+    chunk_size: int | None = None
+
+
+def build_clip_net(distill: DistillLoss | None) -> ClipNet | None:
+    """DAC-KL's learnable bound predictor, or None when the distillation term has none to learn."""
+    if distill is None or distill.name != "dac_kl" or distill.params.get("mode", "learned") != "learned":
+        return None
+    return ClipNet(**distill.clip_net)
+
+
+def response_cross_entropy(logits: Tensor, sequences: Rollout) -> Tensor:
+    """Mean cross-entropy over the real response tokens of ``sequences``.
+
+    ``logits`` [B, R, V] are response-aligned (``response_logits``): [:, r] predicts ``response_ids[:, r]``.
+    Prompt and padding never count; with no response token at all the result is 0, not NaN.
+    """
+    per_token = F.cross_entropy(logits.float().flatten(0, 1), sequences.response_ids.flatten(), reduction="none")
+    mask = sequences.response_mask.flatten()
+    return (per_token * mask).sum() / mask.sum().clamp_min(1)
+
+
+def span_pairs_per_row(spans: Tensor, mask: Tensor) -> Tensor:
+    """Mean number of adjacent pairs per row the span loss compares (``spans``, ``mask`` [B, R])."""
+    pairs = (spans[:, 1:] == spans[:, :-1]) & (spans[:, 1:] >= 0) & mask[:, 1:] & mask[:, :-1]
+    return pairs.sum(-1).float().mean()
+
+
+class Objective:
+    """``objective(...) -> (loss, metrics)``: the weighted sum of the configured terms and what to log.
+
+    Args:
+        sft_weight, sft_on, distill, span: the module's init args of the same names.
+        clip_net: DAC-KL's ClipNet (``build_clip_net``), owned and optimised by the module.
+        span_prior: token ids [B, R] and mask -> span ids [B, R] (:mod:`mgsr_lightning.spans`);
+            needed when the span term is on.
+    """
+
+    def __init__(
+        self,
+        sft_weight: float,
+        sft_on: Literal["ground_truth", "training_sequence"],
+        distill: DistillLoss | None,
+        span: SpanLoss,
+        clip_net: ClipNet | None = None,
+        span_prior: Callable[[Tensor, Tensor], Tensor] | None = None,
+    ):
+        self.sft_weight, self.sft_on, self.distill, self.span = sft_weight, sft_on, distill, span
+        self.clip_net, self.span_prior = clip_net, span_prior
+
+    @property
+    def weights(self) -> dict[str, float]:
+        return {
+            "sft": self.sft_weight,
+            "distill": self.distill.weight if self.distill is not None else 0.0,
+            "span": self.span.weight,
+        }
+
+    @property
+    def uses_teacher(self) -> bool:
+        return self.distill is not None or self.span.weight > 0
+
+    @property
+    def sft_on_ground_truth(self) -> bool:
+        """The SFT term needs the student's logits over the ground truth, not the training sequences."""
+        return self.sft_weight > 0 and self.sft_on == "ground_truth"
+
+    def terms(
+        self,
+        sequences: Rollout,
+        student_logits: Tensor,
+        teacher_logits: Tensor | None,
+        ground_truth: Rollout | None = None,
+        ground_truth_logits: Tensor | None = None,
+    ) -> tuple[dict[str, Tensor], dict[str, Any]]:
+        """Each named term, unweighted, and the terms' diagnostics.
+
+        ``student_logits``/``teacher_logits`` [B, R, V] are over ``sequences``; ``ground_truth_logits``
+        the student's over ``ground_truth`` when the SFT term reads it and it differs from ``sequences``.
+        """
+        mask = sequences.response_mask
+        terms: dict[str, Tensor] = {}
+        diagnostics: dict[str, Any] = {}
+        if self.sft_weight > 0:
+            if ground_truth_logits is not None:
+                terms["sft"] = response_cross_entropy(ground_truth_logits, ground_truth)
+            else:
+                terms["sft"] = response_cross_entropy(student_logits, sequences)
+        if self.distill is not None:
+            d = self.distill
+            common = dict(temperature=d.temperature, chunk_size=d.chunk_size)
+            if d.name == "dac_kl":
+                terms["distill"], dac_kl_diagnostics = dac_kl(
+                    student_logits, teacher_logits, mask, clip_net=self.clip_net, **common, **d.params
+                )
+                diagnostics |= {f"dac_kl/{k}": v for k, v in dac_kl_diagnostics.items()}
+            else:
+                terms["distill"] = DIVERGENCES[d.name](student_logits, teacher_logits, mask, **common, **d.params)
+        if self.span.weight > 0:
+            spans = self.span_prior(sequences.response_ids, mask)
+            terms["span"] = span_correlation_loss(
+                student_logits, teacher_logits, mask, spans=spans, chunk_size=self.span.chunk_size
+            )
+            diagnostics["span/pairs_per_row"] = span_pairs_per_row(spans, mask)
+        return terms, diagnostics
+
+    def __call__(
+        self,
+        sequences: Rollout,
+        student_logits: Tensor,
+        teacher_logits: Tensor | None,
+        ground_truth: Rollout | None = None,
+        ground_truth_logits: Tensor | None = None,
+    ) -> tuple[Tensor, dict[str, Any]]:
+        """The weighted sum of the terms, and ``train/<term>`` of each with the terms' diagnostics."""
+        terms, diagnostics = self.terms(sequences, student_logits, teacher_logits, ground_truth, ground_truth_logits)
+        weights = self.weights
+        loss = sum(weights[name] * value for name, value in terms.items())
+        return loss, {f"train/{name}": value for name, value in terms.items()} | diagnostics
