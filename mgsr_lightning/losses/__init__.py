@@ -8,6 +8,7 @@ conventions. ``DIVERGENCES`` maps each baseline's config name to its function.
 from mgsr_lightning.losses.dac_kl import ClipNet, dac_kl
 from mgsr_lightning.losses.divergences import (
     DIVERGENCES,
+    alpha_beta_divergence,
     forward_kl,
     generalized_jsd,
     reverse_kl,
@@ -21,6 +22,7 @@ from mgsr_lightning.losses.span_correlation import span_correlation_loss
 __all__ = [
     "DIVERGENCES",
     "ClipNet",
+    "alpha_beta_divergence",
     "dac_kl",
     "forward_kl",
     "generalized_jsd",
