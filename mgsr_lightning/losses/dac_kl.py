@@ -99,7 +99,8 @@ class ClipNet(nn.Module):
     with zero weights and a bias that gives ``init_bounds``, so an untrained ClipNet is the fixed
     band ``init_bounds`` at every position. The default (0.005, 0.98) keeps about 98% of the teacher's
     mass in the band from the first step (``l = l_max·σ(a)`` cannot be 0 itself). The earlier default
-    (0.02, 0.9) kept only 25-36% of the non-target mass on Zipf-like teachers. Train it jointly with the student in its own optimizer
+    (0.02, 0.9) kept only 25-36% of the non-target mass on Zipf-like teachers. Train it jointly with
+    the student in its own optimizer
     parameter group (its own learning rate, e.g. 1e-3, no weight decay).
     """
 

@@ -275,7 +275,8 @@ def alpha_beta_divergence(
 
 def _generalized_kl(log_a: Tensor, log_b: Tensor, power: float) -> Tensor:
     """1/λ² · Σ_v (a^λ log(a^λ / b^λ) − a^λ + b^λ), λ = ``power``, with 0·log 0 = 0: [n, V] -> [n]."""
-    return (kl_terms(power * log_a, power * log_b) - torch.exp(power * log_a) + torch.exp(power * log_b)).sum(-1) / power**2
+    a_power, b_power = power * log_a, power * log_b  # log a^λ, log b^λ
+    return (kl_terms(a_power, b_power) - a_power.exp() + b_power.exp()).sum(-1) / power**2
 
 
 DIVERGENCES: dict[str, Callable[..., Tensor]] = {

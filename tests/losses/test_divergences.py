@@ -186,7 +186,10 @@ def test_chunked_equals_unchunked(name, params, reduction, chunk_size, make_case
     weights = torch.rand(plain.shape)  # a non-trivial upstream gradient
     (plain_grad,) = torch.autograd.grad((plain * weights).sum(), student)
     (chunked_grad,) = torch.autograd.grad((chunked * weights).sum(), student)
-    torch.testing.assert_close(chunked_grad, plain_grad, rtol=1e-6, atol=1e-7)
+    # the chunked path scales the gradient after the softmax's cancellation, the plain one before it;
+    # the α-β-divergence's 1/α², 1/β² amplify that float32 rounding difference to a few 1e-6
+    tolerance = dict(rtol=1e-5, atol=1e-6) if name == "abkd" else dict(rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(chunked_grad, plain_grad, **tolerance)
 
 
 @pytest.mark.parametrize("chunk_size", [None, 2])
@@ -263,9 +266,11 @@ def test_alpha_beta_divergence_reduces_to_known_divergences(make_case):
     # the special cases are the limits of the general formula
     torch.testing.assert_close(alpha_beta_divergence(student, teacher, mask, alpha=1.0, beta=1e-6), forward, rtol=1e-5, atol=0)
     torch.testing.assert_close(alpha_beta_divergence(student, teacher, mask, alpha=1e-6, beta=1.0), reverse, rtol=1e-5, atol=0)
-    for (alpha, beta), limit in [((0.3, -0.3 + 1e-7), (0.3, -0.3)), ((0.5, 1e-7), (0.5, 0.0)), ((1e-7, 0.5), (0.0, 0.5)), ((1e-4, 1e-4), (0.0, 0.0))]:
-        exact = alpha_beta_divergence(student, teacher, mask, alpha=limit[0], beta=limit[1])
-        torch.testing.assert_close(alpha_beta_divergence(student, teacher, mask, alpha=alpha, beta=beta), exact, rtol=1e-3, atol=0)
+    near_limits = [((0.3, -0.3 + 1e-7), (0.3, -0.3)), ((0.5, 1e-7), (0.5, 0.0)), ((1e-7, 0.5), (0.0, 0.5)), ((1e-4, 1e-4), (0.0, 0.0))]
+    for (alpha, beta), (alpha_limit, beta_limit) in near_limits:
+        near = alpha_beta_divergence(student, teacher, mask, alpha=alpha, beta=beta)
+        exact = alpha_beta_divergence(student, teacher, mask, alpha=alpha_limit, beta=beta_limit)
+        torch.testing.assert_close(near, exact, rtol=1e-3, atol=0)
     p, q = torch.softmax(teacher, -1), torch.softmax(student, -1)
     hellinger = 2 * ((p.sqrt() - q.sqrt()) ** 2).sum(-1)
     squared = 0.5 * ((p - q) ** 2).sum(-1)
