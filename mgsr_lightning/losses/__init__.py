@@ -17,7 +17,7 @@ from mgsr_lightning.losses.divergences import (
     symmetric_kl,
     total_variation,
 )
-from mgsr_lightning.losses.span_correlation import span_correlation_loss
+from mgsr_lightning.losses.span_correlation import span_correlation_loss, span_pair_mask
 
 __all__ = [
     "DIVERGENCES",
@@ -30,6 +30,7 @@ __all__ = [
     "skew_forward_kl",
     "skew_reverse_kl",
     "span_correlation_loss",
+    "span_pair_mask",
     "symmetric_kl",
     "total_variation",
 ]
