@@ -17,6 +17,7 @@ from mgsr_lightning.losses.divergences import (
     symmetric_kl,
     total_variation,
 )
+from mgsr_lightning.losses.gradient_ratio import gradient_norm_ratio
 from mgsr_lightning.losses.span_correlation import span_correlation_loss, span_pair_mask
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "dac_kl",
     "forward_kl",
     "generalized_jsd",
+    "gradient_norm_ratio",
     "reverse_kl",
     "skew_forward_kl",
     "skew_reverse_kl",
