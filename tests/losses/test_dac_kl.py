@@ -407,6 +407,32 @@ def test_guard_keeps_the_kept_mass_above_its_floor_and_without_it_the_band_colla
     assert unguarded[-1] < 0.05 and diagnostics["kl"] < 0.05
 
 
+def test_band_cannot_collapse_when_clipnet_trains_jointly_with_a_student():
+    # a linear student that cannot fit the teacher keeps L_DAC large, so ClipNet keeps pulling the
+    # band in; trained jointly (Adam, ClipNet at a high learning rate), the guard holds the kept mass
+    generator = torch.Generator().manual_seed(0)
+    features = torch.randn(4, 16, 4, generator=generator)
+    teacher = torch.randn(4, 16, 64, generator=generator) * 3
+
+    def train(**options):
+        torch.manual_seed(0)
+        student_head, clip_net = torch.nn.Linear(4, 64), ClipNet(k=32, hidden=32, u_min=0.0)
+        optimizer = torch.optim.Adam(
+            [{"params": student_head.parameters(), "lr": 1e-2}, {"params": clip_net.parameters(), "lr": 3e-2}]
+        )
+        kept = []
+        for _ in range(100):
+            loss, diagnostics = dac_kl(student_head(features), teacher, clip_net=clip_net, **options)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            kept.append(diagnostics["kept_mass"].item())
+        return kept
+
+    assert min(train()) >= 0.48
+    assert train(lam_cov=0.0)[-1] < 0.05  # the same run without the guard collapses
+
+
 def test_below_the_floor_only_the_penalty_moves_clipnet(make_case):
     # a teacher with p_(1) > 0.9 and a band ending at u ≈ 0.61: every position is below the floor,
     # so ClipNet's gradient is lam_cov times the penalty's, with nothing from the KL
