@@ -246,7 +246,8 @@ class DistillLightningModule(L.LightningModule):
         if teacher_logits is None and self.objective.uses_teacher:
             teacher_logits = self.teacher_logits(sequences)
         # 3. the loss terms and their weighted sum
-        loss, metrics = self.objective(sequences, student_logits, teacher_logits, ground_truth, ground_truth_logits)
+        measure = self.span.grad_ratio_every > 0 and self.global_step % self.span.grad_ratio_every == 0
+        loss, metrics = self.objective(sequences, student_logits, teacher_logits, ground_truth, ground_truth_logits, measure)
         # 4. one log of the step
         self.log("train/loss", loss, prog_bar=True, batch_size=ground_truth.batch_size)
         lr = self.optimizers().param_groups[0]["lr"]

@@ -16,7 +16,7 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 PAIRS = {"tiny": "gpt2", "gpt2": "gpt2", "opt": "opt", "openllama2": "llama", "llama2": "llama"}
 RUNNABLE = sorted(p for pair in PAIRS for p in (CONFIGS / pair).glob("*.yaml") if p.stem != "base")
 EXPECTED_METHODS = {
-    "sft", "kd", "seqkd", "rkl", "jsd", "tvd", "imitkd", "gkd", "distillm", "mgsr",
+    "sft", "kd", "seqkd", "rkl", "jsd", "tvd", "imitkd", "gkd", "distillm", "abkd", "mgsr", "mgsr_paper",
     "mgsr_base", "mgsr_scrg", "mgsr_scrg_dac",
     "mgsr_scrg_on_policy", "mgsr_scrg_mixed", "mgsr_noscrg_on_policy", "mgsr_noscrg_mixed", "mgsr_noscrg_adaptive",
     "teacher",
@@ -56,14 +56,17 @@ EXPECTED = {
     "mgsr_base": (1.0, "ground_truth", "forward_kl", 0.0, "adaptive_off_policy", False),
     "mgsr_scrg": (1.0, "ground_truth", "forward_kl", 0.0, "adaptive_off_policy", True),
     "mgsr_scrg_dac": (1.0, "ground_truth", "dac_kl", 0.0, "adaptive_off_policy", True),
+    "abkd": (0.0, "ground_truth", "abkd", 0.0, "adaptive_off_policy", False),
     "mgsr": (1.0, "ground_truth", "dac_kl", 1.0, "adaptive_off_policy", True),
+    "mgsr_paper": (1.0, "ground_truth", "dac_kl", 1.0, "adaptive_off_policy", True),
     "mgsr_scrg_on_policy": (1.0, "ground_truth", "dac_kl", 1.0, "on_policy", True),
     "mgsr_scrg_mixed": (1.0, "ground_truth", "dac_kl", 1.0, "mixed", True),
     "mgsr_noscrg_on_policy": (1.0, "ground_truth", "dac_kl", 1.0, "on_policy", False),
     "mgsr_noscrg_mixed": (1.0, "ground_truth", "dac_kl", 1.0, "mixed", False),
     "mgsr_noscrg_adaptive": (1.0, "ground_truth", "dac_kl", 1.0, "adaptive_off_policy", False),
 }
-PARAMS = {"jsd": {"beta": 0.1}, "gkd": {"beta": 0.1}, "distillm": {"alpha": 0.1}}
+PARAMS = {"jsd": {"beta": 0.1}, "gkd": {"beta": 0.1}, "distillm": {"alpha": 0.1}, "abkd": {"alpha": 0.2, "beta": 0.7}}
+PAIR_PARAMS = {("openllama2", "abkd"): {"alpha": 0.1, "beta": 0.8}}  # ABKD's OpenLLaMA2 setting
 LMBDA = {"imitkd": 1.0, "gkd": 0.5, "mgsr_scrg_mixed": 0.5, "mgsr_noscrg_mixed": 0.5}
 
 
@@ -80,11 +83,13 @@ def test_config_parses_to_its_method(path):
     assert (init["scrg"] is not None) == scrg
     assert (init["teacher"] is None) == (path.stem in ("sft", "teacher"))
     if path.stem in PARAMS:
-        assert init["distill"]["params"] == PARAMS[path.stem]
+        assert init["distill"]["params"] == PAIR_PARAMS.get((path.parent.name, path.stem), PARAMS[path.stem])
     if path.stem in LMBDA:
         assert init["regime"]["lmbda"] == LMBDA[path.stem]
     if distill == "dac_kl":
-        assert init["distill"]["params"]["mode"] == "learned" and init["distill"]["params"]["normalize"] is True
+        assert init["distill"]["params"]["mode"] == "learned"
+        assert init["distill"]["params"]["variant"] == ("paper" if path.stem == "mgsr_paper" else "rest")
+        assert init["span"]["relation"] == ("product" if path.stem == "mgsr_paper" else "normalized")
     if path.parent.name != "tiny" and distill is not None:
         assert init["distill"]["chunk_size"] == 1024  # real vocabularies: bounded loss memory
 
@@ -130,6 +135,7 @@ def run_fit(path: Path, assets, tmp_path):
     generates = regime in ("on_policy", "mixed", "adaptive_off_policy")
     assert ("rollout/seconds" in logged) == generates, sorted(logged)
     assert SCRG_METRICS <= logged if scrg else not (SCRG_METRICS & logged), sorted(logged)
+    assert ("span/grad_ratio" in logged) == (EXPECTED[path.stem][3] > 0), sorted(logged)
     if regime == "adaptive_off_policy":
         assert cli.model.regime.metrics()["buffer_size"] == 2 * cli.datamodule.hparams.batch_size
     return cli

@@ -9,6 +9,7 @@ the configured terms into the training loss.
 from mgsr_lightning.losses.dac_kl import ClipNet, dac_kl
 from mgsr_lightning.losses.divergences import (
     DIVERGENCES,
+    alpha_beta_divergence,
     forward_kl,
     generalized_jsd,
     reverse_kl,
@@ -17,6 +18,7 @@ from mgsr_lightning.losses.divergences import (
     symmetric_kl,
     total_variation,
 )
+from mgsr_lightning.losses.gradient_ratio import gradient_norm_ratio
 from mgsr_lightning.losses.objective import (
     DistillLoss,
     Objective,
@@ -24,7 +26,7 @@ from mgsr_lightning.losses.objective import (
     build_clip_net,
     response_cross_entropy,
 )
-from mgsr_lightning.losses.span_correlation import span_correlation_loss
+from mgsr_lightning.losses.span_correlation import span_correlation_loss, span_pair_mask
 
 __all__ = [
     "DIVERGENCES",
@@ -32,15 +34,18 @@ __all__ = [
     "DistillLoss",
     "Objective",
     "SpanLoss",
+    "alpha_beta_divergence",
     "build_clip_net",
     "dac_kl",
     "forward_kl",
     "generalized_jsd",
+    "gradient_norm_ratio",
     "response_cross_entropy",
     "reverse_kl",
     "skew_forward_kl",
     "skew_reverse_kl",
     "span_correlation_loss",
+    "span_pair_mask",
     "symmetric_kl",
     "total_variation",
 ]

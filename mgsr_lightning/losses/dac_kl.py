@@ -10,8 +10,29 @@ At each compared position, with ``p = softmax(z_teacher / τ)`` and ``q = softma
     m_k = σ((c_k − l)/β) · σ((u − c_k)/β)      soft band, differentiable in l and u
     w_1 = 1 (the target class, the teacher's top-1),  w_k = m_k for k ≥ 2
     t_k = w_k p_(k),  s_k = w_k q_(k)          clipped teacher and student vectors
-    normalize:  t ← t / Σt,  s ← s / Σs        (default on; off is the paper's Eq. 8 as reported)
-    L_DAC = Σ_k t_k (log t_k − log s_k)
+
+Two ways to compare the clipped vectors (``variant``):
+
+    "rest" (default):  t_rest = Σ_k (1 − w_k) p_(k),  s_rest = Σ_k (1 − w_k) q_(k)
+                       L_DAC = Σ_k t_k log(t_k / s_k) + t_rest log(t_rest / s_rest)
+    "paper":           t ← t / Σt,  s ← s / Σs,  L_DAC = Σ_k t_k log(t_k / s_k)
+
+"rest" appends one aggregated entry holding the out-of-band mass of each model, so t and s are
+probability vectors on V + 1 outcomes without renormalising: L_DAC is a KL divergence (≥ 0, zero iff
+the student matches the teacher on every kept entry and on the total mass it puts outside the band),
+and by the data-processing inequality it is at most the forward KL. The band still decides what the
+student is asked to match entry by entry (the clipping); the mass outside it is matched in total,
+not in shape. "paper" is the paper's Eq. 7–8 with renormalisation (paper.md §3.2): it compares the
+two vectors only up to scale, so it sees the student's mass outside the band only through the
+band's soft edges (weights down to σ((u − 1)/β)). Free student logits trained on it alone
+(``experiments/probe_dac_kl.py``, V = 4,096, Zipf-like teacher) end, with a hard edge (β = 0.001,
+band (0, 0.9)), at forward KL 1.77 with 39% of the student's mass past the teacher's 0.975
+cumulative mass (the teacher has 2.5% there) while L_DAC reads 0; with the default soft edges Adam
+still gets there, slowly (ClipNet from (0.02, 0.9): forward KL 0.037 after 600 steps). "rest"
+reaches forward KL ≤ 0.008 with every fixed band, the hard edge included, and 0.002 with ClipNet
+from the default (0.005, 0.98) (0.015 from the earlier (0.02, 0.9)). Eq. 8 without renormalisation
+(``normalize=False``) is refused: it has a non-zero gradient at q = p and a negative minimum, so it
+is not a divergence.
 
 The band ``c ∈ [l, u]`` is a contiguous block of the sorted teacher distribution: ``l > 0`` drops
 the dominant head (which the target class adds back), ``u < 1`` drops the long tail. The alternative
@@ -20,8 +41,10 @@ among the V' non-padded entries instead, ``c_k = (V' − k)/(V' − 1)`` (1 for 
 smallest), so that ``[l, u]`` keeps the entries whose value lies between the l- and u-quantiles.
 
 Anti-collapse guard (paper.md §3.3; not in the paper). ClipNet minimises the same loss as the
-student, and shrinking the band lowers it: with normalisation an empty band leaves t = s = e_1 and
-L_DAC = 0. The guard acts on ClipNet only and is on by default:
+student, and shrinking the band lowers it: with "paper" an empty band leaves t = s = e_1 and
+L_DAC = 0; with "rest" it leaves the binary KL between (p_(1), 1 − p_(1)) and (q_(1), 1 − q_(1)),
+the smallest value any band gives (merging entries never raises a KL). The guard acts on ClipNet
+only and is on by default:
 
     kept = Σ_{k≥2} m_k p_(k) / Σ_{k≥2} p_(k)     share of the clippable (non-target) teacher mass in the band
     coverage_penalty = relu(ρ_min − kept)        the loss gets + λ_cov · coverage_penalty
@@ -43,7 +66,7 @@ Why this shape (measured by optimising ClipNet alone on fixed random logits, V =
 
 Cost. One ``torch.sort`` of each [n, V] block (O(V log V) per row, plus an int64 index block twice
 the size of a float32 block), one gather of the student at the sorted indices, and about ten more
-[n, V] elementwise passes than forward KL for the band. Measured on CPU at V = 50,257
+[n, V] elementwise passes than forward KL for the band (two more for "rest"). Measured on CPU at V = 50,257
 (``experiments/bench_dac_kl_cost.py``): forward + backward about 4-5 times ``forward_kl``, the sort
 about a fifth of it. Memory: about 25 float32 [n, V] blocks live at once, so the unchunked path
 needs ~24·P·V·4 bytes (≈ 38 GiB at P = 8,192) and real vocabularies want ``chunk_size`` (≈ 2.5 GiB
@@ -61,6 +84,7 @@ from torch import Tensor, nn
 from mgsr_lightning.losses._common import check_inputs, kl_terms, log_softmax_pair, reduce_positions
 
 MODES = ("learned", "fixed")
+VARIANTS = ("rest", "paper")
 BANDS = ("mass", "value_quantile")
 DIAGNOSTICS = ("kl", "coverage_penalty", "lower", "upper", "kept_mass")
 
@@ -78,7 +102,10 @@ class ClipNet(nn.Module):
     so ``lower < upper`` by construction, and the bound clamps of the anti-collapse guard
     (``l < l_max``, ``u > u_min``) hold with non-zero gradients everywhere. The output layer starts
     with zero weights and a bias that gives ``init_bounds``, so an untrained ClipNet is the fixed
-    band ``init_bounds`` at every position. Train it jointly with the student in its own optimizer
+    band ``init_bounds`` at every position. The default (0.005, 0.98) keeps about 98% of the teacher's
+    mass in the band from the first step (``l = l_max·σ(a)`` cannot be 0 itself). The earlier default
+    (0.02, 0.9) kept only 25-36% of the non-target mass on Zipf-like teachers. Train it jointly with
+    the student in its own optimizer
     parameter group (its own learning rate, e.g. 1e-3, no weight decay).
     """
 
@@ -88,7 +115,7 @@ class ClipNet(nn.Module):
         hidden: int = 256,
         l_max: float = 0.5,
         u_min: float = 0.6,
-        init_bounds: tuple[float, float] = (0.02, 0.9),
+        init_bounds: tuple[float, float] = (0.005, 0.98),
     ):
         super().__init__()
         lower, upper = init_bounds
@@ -134,7 +161,8 @@ def dac_kl(
     temperature: float = 1.0,
     reduction: str = "mean",
     mode: str = "learned",
-    fixed_bounds: tuple[float, float] = (0.0, 0.9),
+    variant: str = "rest",
+    fixed_bounds: tuple[float, float] = (0.0, 0.98),
     beta: float = 0.02,
     normalize: bool = True,
     band: str = "mass",
@@ -152,10 +180,13 @@ def dac_kl(
         temperature: τ, dividing both logits before the softmax.
         reduction: "mean" over compared positions, "sum", or "none" ([B, T], zeros outside the mask).
         mode: "learned" (ClipNet's bounds) or "fixed" (``fixed_bounds`` everywhere; the paper's
-            Appendix D.1 baseline). The default fixed band (0, 0.9) is the top-0.9 nucleus.
+            Appendix D.1 baseline). The default fixed band (0, 0.98) is the top-0.98 nucleus.
+        variant: "rest" (default: the out-of-band mass of each model as one extra entry, a proper
+            divergence) or "paper" (the paper's clipped vectors renormalised); see module docstring.
         beta: softness of the band edges, in units of the band coordinate.
-        normalize: renormalise the clipped vectors to sum to 1 before the KL (default). With False
-            the per-position value can be negative (paper's Eq. 8 as reported).
+        normalize: must be True. "paper" renormalises the clipped vectors; "rest" needs no
+            renormalisation (its vectors sum to 1). False, the paper's Eq. 8 as reported, is refused
+            with a ValueError: it is not a divergence (non-zero gradient at q = p, negative minimum).
         band: "mass" (cumulative teacher mass, default) or "value_quantile" (see module docstring).
         target_class: keep the teacher's top-1 with weight 1 whatever the band (the paper's
             "target class"); with False the top-1 is in or out of the band like any other entry.
@@ -176,6 +207,14 @@ def dac_kl(
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if band not in BANDS:
         raise ValueError(f"band must be one of {BANDS}, got {band!r}")
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    if not normalize:
+        raise ValueError(
+            "normalize=False (the unnormalised Eq. 8) is not a divergence: its gradient at student == teacher is "
+            'not zero and its minimum is negative. Use variant="rest" (the default, a proper divergence that also '
+            'sees the student\'s mass outside the band) or variant="paper" with normalize=True'
+        )
     if beta <= 0:
         raise ValueError(f"beta must be > 0, got {beta}")
     if mode == "learned" and clip_net is None:
@@ -211,7 +250,10 @@ def dac_kl(
         log_weight = torch.cat([torch.zeros_like(log_band[:, :1]), log_band[:, 1:]], -1) if target_class else log_band
         teacher_clipped = log_weight + teacher_sorted  # log t_k, [n, V]
         student_clipped = log_weight + student_sorted  # log s_k, [n, V]
-        if normalize:
+        if variant == "rest":  # log t_rest, log s_rest as entry V + 1: [n, V + 1] each, summing to 1
+            teacher_clipped = torch.cat([teacher_clipped, _log_out_of_band(log_weight, teacher_sorted)], -1)
+            student_clipped = torch.cat([student_clipped, _log_out_of_band(log_weight, student_sorted)], -1)
+        else:
             teacher_clipped = teacher_clipped - teacher_clipped.logsumexp(-1, keepdim=True)
             student_clipped = student_clipped - student_clipped.logsumexp(-1, keepdim=True)
         kl = kl_terms(teacher_clipped, student_clipped).sum(-1)  # [n]
@@ -224,6 +266,16 @@ def dac_kl(
         row_fn, student_logits, teacher_logits, mask, reduction=reduction, chunk_size=chunk_size, params=params
     )
     return loss, dict(zip(DIAGNOSTICS, diagnostics.unbind(0)))
+
+
+def _log_out_of_band(log_weight: Tensor, sorted_log_probs: Tensor) -> Tensor:
+    """log Σ_k (1 − w_k)·prob_k, [n, 1]; -inf where the band keeps everything.
+
+    Summed in probability space, with ``1 − w = −expm1(log w)`` exact near w = 1: the mass outside a
+    band that keeps almost everything is a sum of small positive terms, not ``1 − Σ w·prob``.
+    """
+    rest = (-torch.expm1(log_weight) * sorted_log_probs.exp()).sum(-1, keepdim=True)
+    return torch.where(rest > 0, rest.clamp_min(torch.finfo(rest.dtype).tiny).log(), float("-inf"))
 
 
 def _band_coordinate(band: str, teacher_sorted_probs: Tensor, student_rows: Tensor, teacher_rows: Tensor) -> Tensor:

@@ -18,17 +18,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from mgsr_lightning.batch import Rollout
 from mgsr_lightning.losses.dac_kl import ClipNet, dac_kl
 from mgsr_lightning.losses.divergences import DIVERGENCES
-from mgsr_lightning.losses.span_correlation import span_correlation_loss
+from mgsr_lightning.losses.gradient_ratio import gradient_norm_ratio
+from mgsr_lightning.losses.span_correlation import span_correlation_loss, span_pair_mask
 
 DistillLossName = Literal[
     "forward_kl", "reverse_kl", "symmetric_kl", "skew_forward_kl", "skew_reverse_kl",
-    "generalized_jsd", "total_variation", "dac_kl",
+    "generalized_jsd", "total_variation", "abkd", "dac_kl",
 ]
 
 
@@ -38,12 +40,14 @@ class DistillLoss:
 
     Args:
         name: ``forward_kl``, ``reverse_kl``, ``symmetric_kl``, ``skew_forward_kl``, ``skew_reverse_kl``,
-            ``generalized_jsd``, ``total_variation`` or ``dac_kl`` (see :mod:`mgsr_lightning.losses`).
+            ``generalized_jsd``, ``total_variation``, ``abkd`` (the α-β divergence) or ``dac_kl``
+            (see :mod:`mgsr_lightning.losses`).
         weight: Weight of the term in the total loss.
         temperature: Both logits are divided by it before the softmax.
         params: Extra keyword arguments of the loss function, e.g. ``{alpha: 0.1}`` for the skew KLs,
-            ``{beta: 0.5}`` for ``generalized_jsd``, ``{lam: 0.9}`` for ``symmetric_kl``, or DAC-KL's
-            ``{mode: learned, normalize: true, beta: 0.02, rho_min: 0.5, lam_cov: 10.0}``.
+            ``{beta: 0.5}`` for ``generalized_jsd``, ``{lam: 0.9}`` for ``symmetric_kl``, ``{alpha: 0.2,
+            beta: 0.7}`` for ``abkd``, or DAC-KL's ``{variant: rest, mode: learned, beta: 0.02, rho_min: 0.5,
+            lam_cov: 10.0}`` (``variant: paper`` is the paper's renormalised reading).
         chunk_size: Tokens per chunk, bounding the loss's extra memory to O(chunk × V).
         clip_net: DAC-KL only: keyword arguments of :class:`mgsr_lightning.losses.ClipNet`, the
             learnable sub-network that predicts the clipping bounds.
@@ -67,12 +71,20 @@ class SpanLoss:
         weight: Weight of the term in the total loss.
         prior: ``tokens`` (data-free segmentation on token ids, the default) or ``spacy``
             (a linguistic chunker on decoded text; needs spaCy with an English model installed).
+        relation: How adjacent distributions are related and compared: ``normalized`` (KL between
+            the normalised Hadamard products, the default) or ``product`` (squared L2 between the
+            raw products: the paper's reading, whose gradient is ~1e-5 of the distillation term's)
+            or ``cosine`` (see :mod:`mgsr_lightning.losses.span_correlation`).
         chunk_size: Adjacent pairs per chunk, bounding the extra memory.
+        grad_ratio_every: Every N training steps, log ``span/grad_ratio``: the norm of the span
+            term's gradient on the student's logits over the distillation term's (0 = never).
     """
 
     weight: float = 0.0
     prior: Literal["tokens", "spacy"] = "tokens"
+    relation: Literal["normalized", "product", "cosine"] = "normalized"
     chunk_size: int | None = None
+    grad_ratio_every: int = 10
 
 
 def build_clip_net(distill: DistillLoss | None) -> ClipNet | None:
@@ -91,12 +103,6 @@ def response_cross_entropy(logits: Tensor, sequences: Rollout) -> Tensor:
     per_token = F.cross_entropy(logits.float().flatten(0, 1), sequences.response_ids.flatten(), reduction="none")
     mask = sequences.response_mask.flatten()
     return (per_token * mask).sum() / mask.sum().clamp_min(1)
-
-
-def span_pairs_per_row(spans: Tensor, mask: Tensor) -> Tensor:
-    """Mean number of adjacent pairs per row the span loss compares (``spans``, ``mask`` [B, R])."""
-    pairs = (spans[:, 1:] == spans[:, :-1]) & (spans[:, 1:] >= 0) & mask[:, 1:] & mask[:, :-1]
-    return pairs.sum(-1).float().mean()
 
 
 class Objective:
@@ -145,11 +151,14 @@ class Objective:
         teacher_logits: Tensor | None,
         ground_truth: Rollout | None = None,
         ground_truth_logits: Tensor | None = None,
+        measure_gradients: bool = False,
     ) -> tuple[dict[str, Tensor], dict[str, Any]]:
         """Each named term, unweighted, and the terms' diagnostics.
 
         ``student_logits``/``teacher_logits`` [B, R, V] are over ``sequences``; ``ground_truth_logits``
         the student's over ``ground_truth`` when the SFT term reads it and it differs from ``sequences``.
+        With ``measure_gradients`` (and both span and distillation terms on), the diagnostics hold
+        ``span/grad_ratio``, measured on detached copies of the logits (no effect on training).
         """
         mask = sequences.response_mask
         terms: dict[str, Tensor] = {}
@@ -160,22 +169,31 @@ class Objective:
             else:
                 terms["sft"] = response_cross_entropy(student_logits, sequences)
         if self.distill is not None:
-            d = self.distill
-            common = dict(temperature=d.temperature, chunk_size=d.chunk_size)
-            if d.name == "dac_kl":
-                terms["distill"], dac_kl_diagnostics = dac_kl(
-                    student_logits, teacher_logits, mask, clip_net=self.clip_net, **common, **d.params
-                )
-                diagnostics |= {f"dac_kl/{k}": v for k, v in dac_kl_diagnostics.items()}
-            else:
-                terms["distill"] = DIVERGENCES[d.name](student_logits, teacher_logits, mask, **common, **d.params)
+            terms["distill"], distill_diagnostics = self._distill(student_logits, teacher_logits, mask)
+            diagnostics |= distill_diagnostics
         if self.span.weight > 0:
             spans = self.span_prior(sequences.response_ids, mask)
-            terms["span"] = span_correlation_loss(
-                student_logits, teacher_logits, mask, spans=spans, chunk_size=self.span.chunk_size
-            )
-            diagnostics["span/pairs_per_row"] = span_pairs_per_row(spans, mask)
+            terms["span"] = self._span(student_logits, teacher_logits, mask, spans)
+            diagnostics["span/pairs_per_row"] = span_pair_mask(spans, mask).sum(-1).float().mean()
+            if measure_gradients and self.distill is not None:
+                probe = student_logits.detach().requires_grad_()
+                with torch.enable_grad():
+                    span_term = self._span(probe, teacher_logits, mask, spans)
+                    distill_term = self._distill(probe, teacher_logits, mask)[0]
+                diagnostics["span/grad_ratio"] = gradient_norm_ratio(span_term, distill_term, [probe])
         return terms, diagnostics
+
+    def _distill(self, student_logits: Tensor, teacher_logits: Tensor, mask: Tensor) -> tuple[Tensor, dict[str, Any]]:
+        d = self.distill
+        common = dict(temperature=d.temperature, chunk_size=d.chunk_size)
+        if d.name == "dac_kl":
+            loss, dac_kl_diagnostics = dac_kl(student_logits, teacher_logits, mask, clip_net=self.clip_net, **common, **d.params)
+            return loss, {f"dac_kl/{k}": v for k, v in dac_kl_diagnostics.items()}
+        return DIVERGENCES[d.name](student_logits, teacher_logits, mask, **common, **d.params), {}
+
+    def _span(self, student_logits: Tensor, teacher_logits: Tensor, mask: Tensor, spans: Tensor) -> Tensor:
+        return span_correlation_loss(student_logits, teacher_logits, mask, spans=spans, relation=self.span.relation,
+                                     chunk_size=self.span.chunk_size)
 
     def __call__(
         self,
@@ -184,9 +202,11 @@ class Objective:
         teacher_logits: Tensor | None,
         ground_truth: Rollout | None = None,
         ground_truth_logits: Tensor | None = None,
+        measure_gradients: bool = False,
     ) -> tuple[Tensor, dict[str, Any]]:
         """The weighted sum of the terms, and ``train/<term>`` of each with the terms' diagnostics."""
-        terms, diagnostics = self.terms(sequences, student_logits, teacher_logits, ground_truth, ground_truth_logits)
+        terms, diagnostics = self.terms(sequences, student_logits, teacher_logits, ground_truth, ground_truth_logits,
+                                        measure_gradients)
         weights = self.weights
         loss = sum(weights[name] * value for name, value in terms.items())
         return loss, {f"train/{name}": value for name, value in terms.items()} | diagnostics

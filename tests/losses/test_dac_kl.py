@@ -1,5 +1,6 @@
 """DAC-KL and ClipNet: a float64 loop reference, fixed-mode behaviour, gradients to ClipNet,
-chunking, the one-sort-per-chunk rule, and the anti-collapse guard against the collapse it prevents."""
+chunking, the one-sort-per-chunk rule, the anti-collapse guard against the collapse it prevents, and
+the "rest" variant as a divergence (zero with zero gradient at q = p; free student logits reach p)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ def sigmoid(x: float) -> float:
     return 1 / (1 + math.exp(-x)) if x >= 0 else math.exp(x) / (1 + math.exp(x))
 
 
-def dac_reference(p, q, lower, upper, *, beta, normalize, band, target_class):
+def dac_reference(p, q, lower, upper, *, beta, variant, band, target_class):
     """(L_DAC, kept) at one position, looping over the sorted vocabulary; p, q float lists."""
     real = [v for v in range(len(p)) if not (p[v] == 0 and q[v] == 0)]  # padded entries have p = q = 0
     order = sorted(real, key=lambda v: -p[v])
@@ -30,7 +31,10 @@ def dac_reference(p, q, lower, upper, *, beta, normalize, band, target_class):
     weight = [1.0 if k == 0 and target_class else mask[k] for k in range(len(order))]
     t = [w * x for w, x in zip(weight, p_sorted)]
     s = [w * x for w, x in zip(weight, q_sorted)]
-    if normalize:
+    if variant == "rest":  # one more entry: the mass outside the band
+        t.append(sum((1 - w) * x for w, x in zip(weight, p_sorted)))
+        s.append(sum((1 - w) * x for w, x in zip(weight, q_sorted)))
+    else:
         t_total, s_total = sum(t), sum(s)
         t, s = [x / t_total for x in t], [x / s_total for x in s]
     loss = sum(a * (math.log(a) - math.log(b)) for a, b in zip(t, s) if a > 0)
@@ -59,11 +63,12 @@ def reference(softmax_ref):
 
 
 OPTIONS = [
-    dict(normalize=True, band="mass", target_class=True),
-    dict(normalize=False, band="mass", target_class=True),
-    dict(normalize=True, band="mass", target_class=False),
-    dict(normalize=False, band="value_quantile", target_class=True),
-    dict(normalize=True, band="value_quantile", target_class=False),
+    dict(variant="rest", band="mass", target_class=True),
+    dict(variant="paper", band="mass", target_class=True),
+    dict(variant="rest", band="mass", target_class=False),
+    dict(variant="paper", band="mass", target_class=False),
+    dict(variant="rest", band="value_quantile", target_class=True),
+    dict(variant="paper", band="value_quantile", target_class=False),
 ]
 
 
@@ -101,7 +106,7 @@ def test_learned_mode_matches_reference_with_clipnet_bounds(padded, make_case, r
         lower, upper = lower.view(mask.shape), upper.view(mask.shape)
     expected, kept = reference(
         student, teacher, mask, temperature=1.3, bounds=lambda b, t: (lower[b, t].item(), upper[b, t].item()),
-        beta=0.02, normalize=True, band="mass", target_class=True,
+        beta=0.02, variant="rest", band="mass", target_class=True,
     )
     penalty = (0.5 - kept).clamp_min(0)
     torch.testing.assert_close(loss.double(), (expected + 10.0 * penalty) * mask, rtol=1e-5, atol=1e-5)
@@ -117,56 +122,158 @@ def test_bf16_inputs_are_computed_in_float32(make_case, reference):
     loss, _ = dac_kl(student_bf16, teacher_bf16, mask, mode="fixed")
     assert loss.dtype == torch.float32
     expected, _ = reference(
-        student_bf16.double(), teacher_bf16.double(), mask, temperature=1.0, bounds=lambda b, t: (0.0, 0.9),
-        beta=0.02, normalize=True, band="mass", target_class=True,
+        student_bf16.double(), teacher_bf16.double(), mask, temperature=1.0, bounds=lambda b, t: (0.0, 0.98),
+        beta=0.02, variant="rest", band="mass", target_class=True,
     )
     torch.testing.assert_close(loss.double(), masked_mean(expected, mask), rtol=1e-5, atol=1e-6)
 
 
-def test_band_covering_everything_is_forward_kl(make_case):
+@pytest.mark.parametrize("variant", ["rest", "paper"])
+def test_band_covering_everything_is_forward_kl(variant, make_case):
     student, teacher, mask = make_case()
-    loss, diagnostics = dac_kl(student, teacher, mask, mode="fixed", fixed_bounds=(0.0, 1.0), beta=1e-5)
+    loss, diagnostics = dac_kl(student, teacher, mask, mode="fixed", fixed_bounds=(0.0, 1.0), beta=1e-5, variant=variant)
     torch.testing.assert_close(loss, forward_kl(student, teacher, mask), rtol=1e-5, atol=1e-6)
     assert diagnostics["kept_mass"] > 0.99
 
 
-def test_empty_band_leaves_the_target_class_only(make_case):
+def test_empty_band_leaves_the_target_class_and_the_rest(make_case):
     student, teacher, mask = make_case()
     bounds = dict(mode="fixed", fixed_bounds=(0.0, 1e-6), beta=1e-5, reduction="none")
-    normalized, diagnostics = dac_kl(student, teacher, mask, **bounds)
-    assert normalized.abs().max() < 1e-6 and diagnostics["kept_mass"] < 1e-6
-    unnormalized, _ = dac_kl(student, teacher, mask, normalize=False, **bounds)
-    p, q = torch.softmax(teacher, -1), torch.softmax(student, -1)
+    paper, diagnostics = dac_kl(student, teacher, mask, variant="paper", **bounds)
+    assert paper.abs().max() < 1e-6 and diagnostics["kept_mass"] < 1e-6
+    rest, _ = dac_kl(student, teacher, mask, variant="rest", **bounds)
+    p, q = torch.softmax(teacher.double(), -1), torch.softmax(student.double(), -1)
     top = p.argmax(-1, keepdim=True)
     p_top, q_top = p.gather(-1, top).squeeze(-1), q.gather(-1, top).squeeze(-1)
-    torch.testing.assert_close(unnormalized, p_top * (p_top.log() - q_top.log()) * mask)
+    binary_kl = p_top * (p_top / q_top).log() + (1 - p_top) * ((1 - p_top) / (1 - q_top)).log()
+    torch.testing.assert_close(rest.double(), binary_kl * mask, rtol=1e-5, atol=1e-6)
 
 
-def test_student_mass_outside_the_band_does_not_matter(make_case):
+def test_where_the_student_puts_its_out_of_band_mass(make_case):
+    # "paper" ignores the student's mass outside the band; "rest" sees its total but not its shape
     student, teacher, _ = make_case(B=1, T=1, V=40)
     order = torch.softmax(teacher[0, 0], -1).argsort(descending=True)
     cumulative = torch.softmax(teacher[0, 0], -1)[order].cumsum(0)
     tail = order[cumulative > 0.75]  # well past u = 0.5
     moved = student.clone()
     moved[0, 0, tail] += 3.0
+    shuffled = student.clone()
+    shuffled[0, 0, tail] = student[0, 0, tail.flip(0)]
     options = dict(mode="fixed", fixed_bounds=(0.0, 0.5), beta=1e-3)
-    torch.testing.assert_close(dac_kl(moved, teacher, **options)[0], dac_kl(student, teacher, **options)[0], rtol=1e-5, atol=1e-6)
+    paper = dac_kl(student, teacher, variant="paper", **options)[0]
+    torch.testing.assert_close(dac_kl(moved, teacher, variant="paper", **options)[0], paper, rtol=1e-5, atol=1e-6)
+    rest = dac_kl(student, teacher, variant="rest", **options)[0]
+    assert (dac_kl(moved, teacher, variant="rest", **options)[0] - rest).abs() > 0.1
+    torch.testing.assert_close(dac_kl(shuffled, teacher, variant="rest", **options)[0], rest, rtol=1e-5, atol=1e-6)
     assert (forward_kl(moved, teacher) - forward_kl(student, teacher)).abs() > 0.1
 
 
-def test_unnormalized_value_can_be_negative_and_normalized_cannot(make_case):
-    # the student over-estimates every kept entry (target class and band) and under-estimates the tail
-    teacher = torch.tensor([[[0.5, 0.3, 0.2]]]).log()
-    student = torch.tensor([[[0.55, 0.4, 0.05]]]).log()
-    options = dict(mode="fixed", fixed_bounds=(0.0, 0.7), beta=1e-3)
-    assert dac_kl(student, teacher, normalize=False, **options)[0] < 0
-    assert dac_kl(student, teacher, normalize=True, **options)[0] >= 0
-    students, teachers, _ = make_case(B=4, T=8, V=16, scale=3.0)
-    assert (dac_kl(students, teachers, mode="fixed", reduction="none")[0] >= -1e-6).all()
+def test_unnormalized_eq8_is_refused_and_both_variants_are_non_negative(make_case):
+    student, teacher, mask = make_case(B=4, T=8, V=16, scale=3.0)
+    with pytest.raises(ValueError, match='normalize=False.*variant="rest"'):
+        dac_kl(student, teacher, mask, mode="fixed", normalize=False)
+    for variant in ("rest", "paper"):
+        loss, _ = dac_kl(student, teacher, mask, mode="fixed", fixed_bounds=(0.1, 0.7), variant=variant, reduction="none")
+        assert (loss >= -1e-6).all()
+
+
+def test_rest_is_at_most_forward_kl(make_case):
+    # merging entries into one never raises a KL (data-processing inequality)
+    student, teacher, mask = make_case(B=3, T=6, V=20, scale=3.0)
+    for bounds in [(0.0, 0.5), (0.1, 0.7), (0.3, 0.98)]:
+        loss, _ = dac_kl(student, teacher, mask, mode="fixed", fixed_bounds=bounds, reduction="none")
+        assert (loss <= forward_kl(student, teacher, mask, reduction="none") + 1e-6).all()
+
+
+@pytest.mark.parametrize("chunk_size", [None, 3])
+@pytest.mark.parametrize("variant", ["rest", "paper"])
+@pytest.mark.parametrize("mode", ["learned", "fixed"])
+def test_zero_loss_and_zero_gradient_at_student_equal_teacher(mode, variant, chunk_size, make_case):
+    _, teacher, mask = make_case(B=2, T=5, V=12, padded=3, dtype=torch.float64, scale=3.0)
+    student = teacher.clone().requires_grad_(True)
+    clip_net = ClipNet(k=8, hidden=16).double() if mode == "learned" else None
+    if clip_net is not None:
+        torch.nn.init.normal_(clip_net.mlp[-1].weight, std=0.5)
+    parameters = [student, *(clip_net.parameters() if clip_net is not None else ())]
+    loss, diagnostics = dac_kl(
+        student, teacher, mask, clip_net=clip_net, mode=mode, variant=variant, lam_cov=0.0, chunk_size=chunk_size
+    )
+    assert loss.abs() < 1e-12 and diagnostics["kl"].abs() < 1e-12
+    for grad in torch.autograd.grad(loss, parameters, allow_unused=True):
+        assert grad is None or grad.abs().max() < 1e-12
+
+
+def probe(teacher_logits, steps, **options):
+    """Forward KL after Adam on free student logits (from uniform) with DAC-KL alone; ClipNet, if
+    asked for with ``init_bounds``, trains jointly in its own parameter group."""
+    student_logits = torch.zeros_like(teacher_logits, requires_grad=True)
+    init_bounds = options.pop("init_bounds", None)
+    clip_net = ClipNet(k=32, hidden=32, init_bounds=init_bounds) if init_bounds is not None else None
+    groups = [{"params": [student_logits], "lr": 0.1}]
+    if clip_net is not None:
+        groups.append({"params": clip_net.parameters(), "lr": 1e-3})
+    optimizer = torch.optim.Adam(groups)
+    for _ in range(steps):
+        loss, diagnostics = dac_kl(
+            student_logits, teacher_logits, clip_net=clip_net, mode="learned" if clip_net else "fixed", **options
+        )
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return forward_kl(student_logits, teacher_logits).item(), diagnostics
+
+
+def zipf_teacher(exponent, V=256, N=4, seed=0):
+    """[1, N, V] logits of p_k ∝ k^(−exponent) over a random permutation of the vocabulary per row."""
+    generator = torch.Generator().manual_seed(seed)
+    log_probs = -exponent * torch.arange(1, V + 1, dtype=torch.float32).log()
+    return torch.stack([log_probs[torch.randperm(V, generator=generator)] for _ in range(N)])[None]
+
+
+@pytest.mark.parametrize("exponent", [1.1, 0.5], ids=["peaked", "flat"])
+def test_free_student_logits_reach_the_teacher_with_the_default_loss(exponent):
+    teacher = zipf_teacher(exponent)
+    fixed_kl, _ = probe(teacher, 150)
+    learned_kl, diagnostics = probe(teacher, 150, init_bounds=(0.005, 0.98))
+    assert fixed_kl < 0.01 and learned_kl < 0.01
+    assert diagnostics["kept_mass"] >= 0.5
+
+
+def student_mass_past(teacher_logits, student_logits, start):
+    """Mean student mass where the teacher's exclusive cumulative mass (teacher's order) is >= start."""
+    p, q = teacher_logits.softmax(-1), student_logits.softmax(-1)
+    sorted_p, order = p.sort(-1, descending=True)
+    return ((q.gather(-1, order) * ((sorted_p.cumsum(-1) - sorted_p) >= start)).sum(-1)).mean().item()
+
+
+def test_with_a_hard_band_edge_only_rest_sees_the_mass_outside_the_band():
+    # band (0, 0.9) with a hard edge: past it the weights underflow, so "paper" reads ≈ 0 while the
+    # student keeps most of its initial (uniform) mass there; "rest" matches that mass in total
+    teacher = zipf_teacher(1.1)
+    hard = dict(fixed_bounds=(0.0, 0.9), beta=1e-3)
+    results = {}
+    for variant in ("paper", "rest"):
+        student_logits = torch.zeros_like(teacher, requires_grad=True)
+        optimizer = torch.optim.Adam([student_logits], lr=0.1)
+        for _ in range(150):
+            loss, _ = dac_kl(student_logits, teacher, mode="fixed", variant=variant, **hard)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        fkl = forward_kl(student_logits, teacher).item()
+        results[variant] = (loss.item(), fkl, student_mass_past(teacher, student_logits, 0.9))
+    teacher_past = student_mass_past(teacher, teacher, 0.9)
+    paper_loss, paper_fkl, paper_past = results["paper"]
+    assert paper_loss < 1e-3 and paper_fkl > 0.5 and paper_past > 5 * teacher_past
+    _, rest_fkl, rest_past = results["rest"]
+    assert rest_fkl < 0.01 and abs(rest_past - teacher_past) < 0.01
 
 
 def test_clipnet_bounds_start_at_init_bounds_and_stay_ordered():
     probs = torch.softmax(torch.randn(6, 50) * 3, -1).sort(-1, descending=True).values
+    lower, upper = ClipNet(k=16, hidden=8)(probs)  # the default band keeps almost everything
+    torch.testing.assert_close(lower, torch.full((6,), 0.005))
+    torch.testing.assert_close(upper, torch.full((6,), 0.98))
     lower, upper = ClipNet(k=16, hidden=8, init_bounds=(0.05, 0.8))(probs)
     torch.testing.assert_close(lower, torch.full((6,), 0.05))
     torch.testing.assert_close(upper, torch.full((6,), 0.8))
@@ -194,16 +301,18 @@ def test_clipnet_gets_gradients_through_the_loss(lam_cov, make_case):
 
 
 @pytest.mark.parametrize("chunk_size", [1, 4, 100])
+@pytest.mark.parametrize("variant", ["rest", "paper"])
 @pytest.mark.parametrize("mode", ["learned", "fixed"])
-def test_chunked_equals_unchunked(mode, chunk_size, make_case):
+def test_chunked_equals_unchunked(mode, variant, chunk_size, make_case):
     student, teacher, mask = make_case(B=3, T=7, V=13)
     student.requires_grad_(True)
     clip_net = ClipNet(k=8, hidden=16) if mode == "learned" else None
     if clip_net is not None:
         torch.nn.init.normal_(clip_net.mlp[-1].weight, std=0.5)
     parameters = [student, *(clip_net.parameters() if clip_net is not None else ())]
-    plain, plain_diagnostics = dac_kl(student, teacher, mask, clip_net=clip_net, mode=mode, temperature=1.5)
-    chunked, chunked_diagnostics = dac_kl(student, teacher, mask, clip_net=clip_net, mode=mode, temperature=1.5, chunk_size=chunk_size)
+    options = dict(clip_net=clip_net, mode=mode, variant=variant, temperature=1.5)
+    plain, plain_diagnostics = dac_kl(student, teacher, mask, **options)
+    chunked, chunked_diagnostics = dac_kl(student, teacher, mask, chunk_size=chunk_size, **options)
     torch.testing.assert_close(chunked, plain, rtol=1e-6, atol=1e-6)
     for name in plain_diagnostics:
         torch.testing.assert_close(chunked_diagnostics[name], plain_diagnostics[name], rtol=1e-6, atol=1e-6)
@@ -285,12 +394,43 @@ def test_guard_keeps_the_kept_mass_above_its_floor_and_without_it_the_band_colla
         return kept, diagnostics
 
     torch.manual_seed(1)
-    guarded, diagnostics = optimise(ClipNet(k=32, hidden=32))
-    assert min(guarded[60:]) >= 0.5 and diagnostics["kl"] > 1.0
+    guarded, guarded_diagnostics = optimise(ClipNet(k=32, hidden=32))
+    assert min(guarded[60:]) >= 0.5 and guarded_diagnostics["kl"] > 1.0
 
+    # without the guard the band empties; the loss left is the binary KL of (target, rest) ("rest"),
+    # or 0 ("paper")
     torch.manual_seed(1)
     unguarded, diagnostics = optimise(ClipNet(k=32, hidden=32, u_min=0.0), lam_cov=0.0)
+    assert unguarded[-1] < 0.05 and diagnostics["kl"] < guarded_diagnostics["kl"] - 0.5
+    torch.manual_seed(1)
+    unguarded, diagnostics = optimise(ClipNet(k=32, hidden=32, u_min=0.0), lam_cov=0.0, variant="paper")
     assert unguarded[-1] < 0.05 and diagnostics["kl"] < 0.05
+
+
+def test_band_cannot_collapse_when_clipnet_trains_jointly_with_a_student():
+    # a linear student that cannot fit the teacher keeps L_DAC large, so ClipNet keeps pulling the
+    # band in; trained jointly (Adam, ClipNet at a high learning rate), the guard holds the kept mass
+    generator = torch.Generator().manual_seed(0)
+    features = torch.randn(4, 16, 4, generator=generator)
+    teacher = torch.randn(4, 16, 64, generator=generator) * 3
+
+    def train(**options):
+        torch.manual_seed(0)
+        student_head, clip_net = torch.nn.Linear(4, 64), ClipNet(k=32, hidden=32, u_min=0.0)
+        optimizer = torch.optim.Adam(
+            [{"params": student_head.parameters(), "lr": 1e-2}, {"params": clip_net.parameters(), "lr": 3e-2}]
+        )
+        kept = []
+        for _ in range(100):
+            loss, diagnostics = dac_kl(student_head(features), teacher, clip_net=clip_net, **options)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            kept.append(diagnostics["kept_mass"].item())
+        return kept
+
+    assert min(train()) >= 0.48
+    assert train(lam_cov=0.0)[-1] < 0.05  # the same run without the guard collapses
 
 
 def test_below_the_floor_only_the_penalty_moves_clipnet(make_case):
@@ -339,5 +479,7 @@ def test_bad_configurations_raise(make_case):
         dac_kl(student, teacher, mask, mode="fixed", fixed_bounds=(0.6, 0.5))
     with pytest.raises(ValueError, match="band"):
         dac_kl(student, teacher, mask, mode="fixed", band="value")
+    with pytest.raises(ValueError, match="variant"):
+        dac_kl(student, teacher, mask, mode="fixed", variant="normalized")
     with pytest.raises(ValueError, match="init_bounds"):
         ClipNet(init_bounds=(0.02, 0.55))
