@@ -81,5 +81,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any | None = None) -> None:
         if "://" in str(path):
             return super().save_checkpoint(checkpoint, path, storage_options)
-        with atomic_path(path) as temporary:
-            super().save_checkpoint(checkpoint, temporary, storage_options)
+        try:
+            with atomic_path(path) as temporary:
+                super().save_checkpoint(checkpoint, temporary, storage_options)
+        except OSError as error:
+            error.filename = str(path)  # the checkpoint's name, not the temporary one
+            raise

@@ -22,9 +22,10 @@ class NonFiniteLossGuard(L.Callback):
             finite = trainer.strategy.reduce_boolean_decision(finite, all=True)
         if finite:
             return
-        saved = [getattr(cb, "last_model_path", "") or getattr(cb, "best_model_path", "") for cb in trainer.checkpoint_callbacks]
-        saved = [path for path in saved if path]
-        kept = f"last good checkpoint: {saved[0]}" if saved else "no checkpoint was written yet"
+        callbacks = trainer.checkpoint_callbacks
+        saved = [getattr(cb, "last_model_path", "") for cb in callbacks] + [getattr(cb, "best_model_path", "") for cb in callbacks]
+        latest = next((path for path in saved if path), None)  # the latest state first: it is what a resume wants
+        kept = f"last good checkpoint: {latest}" if latest else "no checkpoint was written yet"
         raise NonFiniteLossError(
             f"the training loss is {float(loss.detach().float().reshape(-1)[0])} at step {trainer.global_step} "
             f"(batch {trainer.fit_loop.epoch_loop.batch_idx} of epoch {trainer.current_epoch}); training stopped "

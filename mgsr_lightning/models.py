@@ -111,7 +111,7 @@ class VocabularyMismatchError(UserError, ValueError):
 
 def check_vocabularies(
     tokenizer_size: int,
-    models: dict[str, PreTrainedModel],
+    models: dict[str, PreTrainedModel | int],
     tokenizers: dict[str, Any] | None = None,
 ) -> int:
     """Check that every model can be read through the same tokenizer and return the shared size.
@@ -123,7 +123,8 @@ def check_vocabularies(
 
     Args:
         tokenizer_size: ``len(tokenizer)`` of the tokenizer the data is encoded with.
-        models: e.g. ``{"teacher": ..., "student": ...}``.
+        models: e.g. ``{"teacher": ..., "student": ...}``; a model may be given by its row count (its
+            config's ``vocab_size``), to check before loading its weights.
         tokenizers: each model's own tokenizer where it has one; their vocabularies (token → id)
             must be identical, which is what "sharing a vocabulary" means.
 
@@ -131,7 +132,7 @@ def check_vocabularies(
         VocabularyMismatchError: with the sizes involved and what to do.
     """
     for name, model in models.items():
-        rows = output_vocab_size(model)
+        rows = model if isinstance(model, int) else output_vocab_size(model)
         if rows < tokenizer_size:
             raise VocabularyMismatchError(
                 f"the {name} has {rows} output rows but the tokenizer has {tokenizer_size} tokens: ids "
@@ -139,7 +140,7 @@ def check_vocabularies(
                 "(smaller) vocabulary; use the same tokenizer family for teacher and student, or resize the "
                 f"{name}'s embeddings (`model.resize_token_embeddings({tokenizer_size})`) before distilling."
             )
-        if rows > tokenizer_size:
+        if rows > tokenizer_size and not isinstance(model, int):
             log.info("%s has %d logit rows; comparing the first %d (the tokenizer's vocabulary)", name, rows, tokenizer_size)
     if tokenizers:
         named = [(name, tok.get_vocab()) for name, tok in tokenizers.items() if tok is not None]

@@ -137,6 +137,33 @@ def check_positions(role: str, source: Any, needed: int, why: str) -> None:
         )
 
 
+def check_vocabulary(tokenizer: str | None, sources: dict[str, Any]) -> None:
+    """The vocabulary check of :func:`mgsr_lightning.models.check_vocabularies`, for models in local
+    folders, from their ``config.json`` and saved tokenizers instead of their weights."""
+    from transformers import AutoConfig
+
+    from mgsr_lightning.models import check_vocabularies
+    from mgsr_lightning.tokenizer import load_tokenizer, tokenizer_of
+
+    folders = {role: _get(source, "name_or_path") for role, source in sources.items() if source is not None}
+    folders = {role: folder for role, folder in folders.items()
+               if folder and Path(folder).is_dir() and not _get(sources[role], "gguf_file")}
+    if not folders or tokenizer is None or not Path(tokenizer).expanduser().exists():
+        return
+    data_tokenizer = load_tokenizer(tokenizer)
+    rows = {}
+    for role, folder in folders.items():
+        try:
+            config = AutoConfig.from_pretrained(folder)
+        except (OSError, ValueError):
+            continue
+        vocab_size = (_get(sources[role], "config") or {}).get("vocab_size", getattr(config, "vocab_size", None))
+        if isinstance(vocab_size, int):
+            rows[role] = vocab_size
+    own = {role: tokenizer_of(folder) for role, folder in folders.items()}
+    check_vocabularies(len(data_tokenizer), rows, {"data": data_tokenizer} | own)
+
+
 def check_sampling(prefix: str, sampling: Any) -> None:
     if sampling is None:
         return
@@ -206,7 +233,7 @@ def check_data_args(data: Any, stage: str) -> None:
 def check_run_config(config: Any, stage: str) -> None:
     """Everything a LightningCLI run (``fit``, ``validate``, ``test``, ``predict``) can be checked for
     before it loads a model: values, input paths, sequence lengths against the models' positions,
-    the checkpoint to start from, and that the output folders are writable."""
+    vocabularies, the checkpoint to start from, and that the output folders are writable."""
     init = _get(config, "model.init_args")
     data = _get(config, "data")
     if init is not None:
@@ -218,6 +245,8 @@ def check_run_config(config: Any, stage: str) -> None:
         source = _get(init, role)
         if source is not None and max_length is not None:
             check_positions(role, source, max_length, "data.max_length (prompt + response, rollouts included)")
+    tokenizer = _get(init, "tokenizer") or _get(data, "tokenizer")
+    check_vocabulary(tokenizer, {role: _get(init, role) for role in ("student", "teacher")})
     ckpt_path = _get(config, "ckpt_path")
     if ckpt_path is not None and str(ckpt_path) not in CKPT_KEYWORDS and "://" not in str(ckpt_path):
         check_checkpoint(ckpt_path)
