@@ -327,6 +327,23 @@ def test_evaluation_cache_is_reused_only_for_the_same_configuration(tiny_assets,
     assert json.loads((tmp_path / "eval" / "metrics.json").read_text())["config"]["max_examples"] is None
 
 
+def test_training_step_is_reused_only_for_the_same_configuration(tmp_path):
+    from mgsr_lightning.errors import ConfigError
+    from mgsr_lightning.pipeline.checks import check_fit_fingerprint, fit_fingerprint
+
+    (tmp_path / "base.yaml").write_text("model: {lr: 1}\n")
+    (tmp_path / "kd.yaml").write_text("_base_: base.yaml\n")
+    first = fit_fingerprint(tmp_path / "kd.yaml", 0, {})
+    run_dir = tmp_path / "runs" / "kd" / "seed0"
+    check_fit_fingerprint(run_dir, first)
+    check_fit_fingerprint(run_dir, first)  # the same run continues
+    (tmp_path / "base.yaml").write_text("model: {lr: 2}\n")
+    changed = fit_fingerprint(tmp_path / "kd.yaml", 0, {})
+    assert len({first, changed, fit_fingerprint(tmp_path / "kd.yaml", 1, {})}) == 3
+    with pytest.raises(ConfigError, match="holds a run trained with another configuration"):
+        check_fit_fingerprint(run_dir, changed)
+
+
 def test_atomic_write_keeps_the_old_file_when_the_new_one_fails(tmp_path):
     from mgsr_lightning.atomic import atomic_path
 

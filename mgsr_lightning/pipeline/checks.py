@@ -24,6 +24,38 @@ def eval_fingerprint(model_dir: Path, label: str, eval_sets: dict[str, list], co
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str, ensure_ascii=False).encode()).hexdigest()
 
 
+def _config_texts(path: Path, seen: tuple[Path, ...] = ()) -> list[str]:
+    """The text of a config and of every ``_base_`` it composes, in order."""
+    import yaml
+
+    path = path.resolve()
+    text = path.read_text()
+    bases = (yaml.safe_load(text) or {}).get("_base_", []) if path not in seen else []
+    texts = []
+    for base in [bases] if isinstance(bases, str) else bases:
+        texts += _config_texts(path.parent / base, seen + (path,))
+    return texts + [text]
+
+
+def fit_fingerprint(config: Path, seed: int, env: dict[str, str]) -> str:
+    """Hash of what decides a ``reproduce`` training run: its composed config files, seed and environment."""
+    payload = {"configs": _config_texts(config), "seed": seed, "env": env}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def check_fit_fingerprint(run_dir: Path, fingerprint: str) -> None:
+    """Record ``fingerprint`` in ``run_dir/fit.sha256``, or fail if the folder holds another configuration's run
+    (its student or checkpoints would otherwise be reused or resumed as if they were this one's)."""
+    from mgsr_lightning import atomic
+
+    path = run_dir / "fit.sha256"
+    if path.is_file() and path.read_text().strip() != fingerprint:
+        raise ConfigError(f"{run_dir} holds a run trained with another configuration (its config files, seed or data "
+                          f"folder changed since); delete {run_dir} to train it again")
+    if not path.is_file():
+        atomic.write_text(path, fingerprint + "\n")
+
+
 def check_pair_and_methods(pair: str, methods: list[str] | None) -> None:
     """Fail before any work on an unknown pair or method, listing the known ones."""
     pairs = sorted(p.name for p in CONFIGS.iterdir() if (p / "base.yaml").is_file())

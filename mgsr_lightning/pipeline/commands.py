@@ -28,7 +28,8 @@ from mgsr_lightning.evaluation.readers import EVAL_SETS, load_dolly15k, load_eva
 from mgsr_lightning.evaluation.report import format_table1, write_report
 from mgsr_lightning.generation import SamplingConfig
 from mgsr_lightning.pipeline.checks import (
-    check_model_folder, check_pair_and_methods, eval_fingerprint, stored_path, student_only_module,
+    check_fit_fingerprint, check_model_folder, check_pair_and_methods, eval_fingerprint, fit_fingerprint, stored_path,
+    student_only_module,
 )
 from mgsr_lightning.pipeline.paths import REPO_ROOT, config_path, environment
 from mgsr_lightning.pipeline.tiny import TINY_ROOT_ENV, prepare_tiny
@@ -53,10 +54,13 @@ def _fit(pair: str, method: str, run_dir: Path, seed: int, env: dict[str, str]) 
     from mgsr_lightning.cli import run_cli
 
     export_dir = run_dir / "hf"
+    check_fit_fingerprint(run_dir, fit_fingerprint(config_path(pair, method), seed, env))
     if (export_dir / "config.json").is_file():
         log.info("%s/%s seed %d: already trained (%s)", pair, method, seed, export_dir)
         return export_dir
-    last = run_dir / "checkpoints" / "last.ckpt"
+    # the CSV logger puts checkpoints in its version folder: <run_dir>/logs/version_N/checkpoints
+    checkpoints = sorted(run_dir.glob("logs/version_*/checkpoints/last.ckpt"), key=lambda path: path.stat().st_mtime)
+    last = checkpoints[-1] if checkpoints else run_dir / "checkpoints" / "last.ckpt"
     args = [
         "fit", "--config", str(config_path(pair, method)), f"--seed_everything={seed}",
         f"--trainer.default_root_dir={run_dir}", f"--trainer.logger.init_args.save_dir={run_dir}",
@@ -185,11 +189,14 @@ def demo(method: str = "mgsr", seed: int = 0) -> None:
     runs = [_evaluate(teacher_dir, runs_root / "teacher" / "eval", "Teacher", eval_sets, eval_config)]
     for name in ("sft", method):
         run_dir = runs_root / name
-        for stale in (run_dir / "hf", run_dir / "eval", run_dir / "checkpoints"):
+        for stale in (run_dir / "hf", run_dir / "eval", run_dir / "logs", run_dir / "fit.sha256"):
             if stale.exists():  # students are retrained on every demo; only the teacher is cached
                 import shutil
 
-                shutil.rmtree(stale)
+                if stale.is_dir():
+                    shutil.rmtree(stale)
+                else:
+                    stale.unlink()
         student = _fit("tiny", name, run_dir, seed, env)
         runs.append(_evaluate(student, run_dir / "eval", METHOD_LABELS.get(name, name), eval_sets, eval_config))
     table = format_table1(runs, exact_match=True)
