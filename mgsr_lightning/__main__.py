@@ -62,8 +62,9 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = debug_requested(argv)
     argv = [arg for arg in argv if arg != DEBUG_FLAG]
-    # force: importing rouge-score (absl) installs a WARNING-level root handler first, hiding INFO lines
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", force=True)
+    if from_command_line:
+        # force: importing rouge-score (absl) installs a WARNING-level root handler first, hiding INFO lines
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", force=True)
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return

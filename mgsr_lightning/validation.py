@@ -54,8 +54,10 @@ def looks_like_path(name: str) -> bool:
 
 def existing_input(name: str, value: str | None, what: str) -> None:
     """A path that must exist (hub ids and dataset names pass unchecked)."""
-    if value is None or Path(value).expanduser().exists() or not looks_like_path(value):
+    if value is None or Path(value).expanduser().exists():
         return
+    if not looks_like_path(value) and Path(value).suffix not in (".jsonl", ".json"):
+        return  # a hub id or dataset name
     raise MissingFileError(f"{name}: {what} not found: {value}")
 
 

@@ -376,8 +376,8 @@ def test_command_line_exit_status_one_line_and_debug(tmp_path):
 
 
 def test_info_messages_are_printed(tmp_path):
-    code = ("import logging; from mgsr_lightning.__main__ import main; main(['--help']); "
-            "logging.getLogger('mgsr_lightning.export').info('student saved to x')")
+    code = ("import logging, sys; sys.argv = ['mgsr_lightning', '--help']; from mgsr_lightning.__main__ import main; "
+            "main(); logging.getLogger('mgsr_lightning.export').info('student saved to x')")
     env = {**os.environ, **OFFLINE_ENV, "PYTHONPATH": str(REPO)}
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                             timeout=300)
