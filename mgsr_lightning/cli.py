@@ -161,6 +161,8 @@ class DistillCLI(LightningCLI):
                     "unknown option", f"unknown key in {', '.join(map(str, files))}:"
                 )
         line = condense_parser_error(message, options_under)
+        if files and line.startswith("config is not valid YAML"):
+            line = ", ".join(map(str, files)) + line[len("config") :]
         if subcommand is not None and not files and "--help" not in argv and "-h" not in argv:
             return f"`{subcommand}` needs a config: pass --config configs/<pair>/<method>.yaml (e.g. --config configs/tiny/sft.yaml); {line}"
         return line

@@ -135,6 +135,11 @@ def condense_parser_error(message: str, options_under: Callable[[str], list[str]
         if not flags:
             return f"unexpected {' '.join(tokens)!r} (a subcommand is given once, first; options start with --)"
         return _unknown_parser_key(flags[0][2:].split("=", 1)[0], options_under)
+    if first.startswith("Problems parsing config"):  # YAML syntax: keep the reason and its line
+        where = re.search(r"line (\d+), column (\d+)", message)
+        reason = " ".join(line for line in lines[1:] if not line.startswith(("in ", "^")))
+        location = f" (line {where.group(1)}, column {where.group(2)})" if where else ""
+        return f"config is not valid YAML{location}: {reason or first}"
     subcommand_option = re.search(r"does not accept option '([^']+)'", first)
     if subcommand_option:
         return _unknown_parser_key(subcommand_option.group(1), options_under)

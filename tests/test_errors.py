@@ -130,6 +130,9 @@ def test_unknown_top_level_key_in_a_config_file(tmp_path, capsys):
     config = tmp_path / "typo.yaml"
     config.write_text(f"_base_: {KD_CONFIG}\ntrainr: {{max_steps: 3}}\n")
     assert "unknown option 'trainr'; did you mean 'trainer'?" in error_line(["fit", "--config", str(config)], capsys)
+    config.write_text("trainer: {max_steps: [\n")
+    line = error_line(["fit", "--config", str(config)], capsys)
+    assert f"{config} is not valid YAML (line 2, column 1): expected the node content" in line
 
 
 # ---- rows ----------------------------------------------------------------------------------------
