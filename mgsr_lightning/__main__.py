@@ -2,16 +2,24 @@
 
 LightningCLI subcommands: ``fit``, ``validate``, ``test``, ``predict`` (``--config configs/...yaml``).
 Pipeline commands: ``prepare-tiny``, ``demo``, ``evaluate``, ``export``, ``reproduce``.
+
+A mistake in what was given (a path, a row, a value, a name, a checkpoint) or a full or read-only
+disk ends every command with one ``error: ...`` line and exit status 2; ``--debug`` (anywhere on
+the command line) or ``MGSR_DEBUG=1`` shows the traceback instead.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import sys
+from argparse import ArgumentError
 
 from jsonargparse import CLI
 
-USAGE = """usage: python -m mgsr_lightning <command> [options]
+from mgsr_lightning.errors import DEBUG_FLAG, ConfigError, condense_parser_error, debug_requested, exit_with, report
+
+USAGE = """usage: python -m mgsr_lightning <command> [options] [--debug]
 
 Training and evaluation through LightningCLI (every option documented in `<command> --help`):
   fit           train a student:        fit --config configs/tiny/mgsr.yaml
@@ -26,8 +34,11 @@ Pipelines:
   export        turn a training checkpoint into a Hugging Face model folder
   reproduce     the paper's pipeline: distil each method, evaluate, write Table 1 and a chart
 
-Run `python -m mgsr_lightning <command> --help` for the options of a command.
+Run `python -m mgsr_lightning <command> --help` for the options of a command. Errors in what was
+given are reported in one line; --debug (or MGSR_DEBUG=1) shows the traceback.
 """
+LIGHTNING_COMMANDS = ("fit", "validate", "test", "predict")
+PIPELINE_COMMANDS = ("prepare-tiny", "demo", "evaluate", "export", "reproduce")
 
 
 def _pipeline_commands():
@@ -37,20 +48,41 @@ def _pipeline_commands():
     return {"prepare-tiny": prepare_tiny, "demo": demo, "evaluate": evaluate, "export": export, "reproduce": reproduce}
 
 
+def _run_pipeline(command: str, args: list[str]) -> None:
+    function = _pipeline_commands()[command]
+    try:
+        CLI(function, args=args, as_positional=False, exit_on_error=False, prog=f"python -m mgsr_lightning {command}")
+    except ArgumentError as error:
+        options = sorted(inspect.signature(function).parameters)
+        raise ConfigError(condense_parser_error(str(error), lambda prefix: [] if prefix else options)) from None
+
+
 def main(argv: list[str] | None = None) -> None:
     from_command_line = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    debug = debug_requested(argv)
+    argv = [arg for arg in argv if arg != DEBUG_FLAG]
+    if from_command_line:
+        # force: importing rouge-score (absl) installs a WARNING-level root handler first, hiding INFO lines
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", force=True)
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return
-    pipelines = _pipeline_commands()
-    if argv[0] in pipelines:
-        CLI(pipelines[argv[0]], args=argv[1:], as_positional=False)
-        return
-    from mgsr_lightning.cli import run_cli
+    command = argv[0]
+    if command not in LIGHTNING_COMMANDS + PIPELINE_COMMANDS:
+        exit_with(f"unknown command {command!r}; commands: {', '.join(LIGHTNING_COMMANDS + PIPELINE_COMMANDS)}")
+    try:
+        if command in PIPELINE_COMMANDS:
+            _run_pipeline(command, argv[1:])
+            return
+        from mgsr_lightning.cli import run_cli
 
-    run_cli(None if from_command_line else argv)  # None: LightningCLI reads sys.argv itself
+        if from_command_line:
+            sys.argv[1:] = argv  # LightningCLI reads sys.argv itself (given both, it warns)
+        run_cli(None if from_command_line else argv)
+    except Exception as error:  # noqa: BLE001 - expected errors end here in one line; bugs are re-raised
+        report(error, debug)
+        raise
 
 
 if __name__ == "__main__":

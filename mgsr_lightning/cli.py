@@ -12,20 +12,36 @@ before LightningCLI sees the config.
 
 from __future__ import annotations
 
+import csv
 import os
+import sys
+from argparse import ArgumentError
 from pathlib import Path
 from typing import Any
 
 import yaml
 from jsonargparse import set_loader
+from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.plugins.io import TorchCheckpointIO
 from omegaconf import DictConfig, OmegaConf
 
+from mgsr_lightning.atomic import AtomicCheckpointIO
 from mgsr_lightning.data.datamodule import InstructionDataModule
+from mgsr_lightning.errors import ConfigError, MissingFileError, condense_parser_error
+from mgsr_lightning.guards import NonFiniteLossGuard
 from mgsr_lightning.module import DistillLightningModule
+from mgsr_lightning.validation import CKPT_KEYWORDS, check_checkpoint, check_run_config
 
 PARSER_MODE = "omegaconf_base"
 BASE_KEY = "_base_"
+PROG = "python -m mgsr_lightning"
+# inputs stored in checkpoints as given; made absolute so a checkpoint works from any working directory
+INPUT_PATH_KEYS = ("data.tokenizer", "data.train_data", "data.val_data", "data.test_data",
+                   "model.init_args.tokenizer", "model.init_args.student.name_or_path",
+                   "model.init_args.teacher.name_or_path")
+OUTPUT_PATH_KEYS = ("model.init_args.export_dir", "model.init_args.regime.cache_path")
 
 
 def _compose(data: dict[str, Any], folder: Path, seen: tuple[Path, ...]) -> DictConfig:
@@ -37,7 +53,7 @@ def _compose(data: dict[str, Any], folder: Path, seen: tuple[Path, ...]) -> Dict
         if path in seen:
             raise ValueError(f"config cycle through {path}")
         if not path.is_file():
-            raise FileNotFoundError(f"{BASE_KEY} config not found: {path} (paths are relative to the including file)")
+            raise MissingFileError(f"{BASE_KEY} config not found: {path} (paths are relative to the including file)")
         base_data = yaml.safe_load(path.read_text()) or {}
         merged = OmegaConf.merge(merged, _compose(base_data, path.parent, seen + (path,)))
     return OmegaConf.merge(merged, OmegaConf.create(data))
@@ -65,10 +81,131 @@ def training_seed(seed_everything: bool | int | None) -> int:
     return seed_everything if isinstance(seed_everything, int) and not isinstance(seed_everything, bool) else 0
 
 
+def _namespace_get(namespace: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        namespace = getattr(namespace, part, None) if namespace is not None else None
+    return namespace
+
+
+def _namespace_set(namespace: Any, dotted: str, value: Any) -> None:
+    parent, _, name = dotted.rpartition(".")
+    holder = _namespace_get(namespace, parent) if parent else namespace
+    if holder is not None and getattr(holder, name, None) is not None:
+        setattr(holder, name, value)
+
+
+def _config_files(argv: list[str]) -> list[Path]:
+    files = []
+    for index, arg in enumerate(argv):
+        if arg in ("--config", "-c") and index + 1 < len(argv):
+            files.append(Path(argv[index + 1]))
+        elif arg.startswith("--config="):
+            files.append(Path(arg.split("=", 1)[1]))
+    return files
+
+
+def _unknown_config_keys(files: list[Path], known: set[str]) -> list[str]:
+    """Top-level keys of the (composed) config files that the parser does not know."""
+    unknown = []
+    for path in files:
+        cwd = os.getcwd()
+        try:
+            os.chdir(path.resolve().parent)
+            data = load_config_text(path.read_text())
+        except (OSError, yaml.YAMLError, ValueError):
+            continue
+        finally:
+            os.chdir(cwd)
+        unknown += [key for key in (data or {}) if key not in known and key not in unknown]
+    return unknown
+
+
 class DistillCLI(LightningCLI):
     """LightningCLI with the data module's tokenizer, EOS and length limits linked into the model, and
     ``seed_everything`` linked into the data order and the module's own seed: one training seed
-    varies initialisation, data order, the regime's choices and the rollouts."""
+    varies initialisation, data order, the regime's choices and the rollouts.
+
+    Around LightningCLI's own steps it reports parser errors in one line, checks the parsed config
+    (:func:`mgsr_lightning.validation.check_run_config`) before anything is instantiated, stores
+    local paths absolute, writes checkpoints atomically, stops on a non-finite loss, and continues
+    a resumed run's CSV log instead of starting a new version.
+    """
+
+    _resume_step: int | None = None
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        try:
+            super().parse_arguments(parser, args)
+        except ArgumentError as error:
+            raise ConfigError(self._parser_error_line(parser, list(sys.argv[1:] if args is None else args), str(error))) from None
+        # checked here, before LightningCLI seeds, prints or instantiates anything
+        subcommand = self.config.get("subcommand")
+        check_run_config(self.config[subcommand] if subcommand else self.config, subcommand or "fit")
+
+    def _parser_error_line(self, parser: LightningArgumentParser, argv: list[str], message: str) -> str:
+        subcommands = getattr(self, "_subcommand_parsers", {})
+        subcommand = next((arg for arg in argv if arg in subcommands), None)
+        target = subcommands.get(subcommand, parser)
+        dests = [action.dest for action in target._actions if not action.dest.endswith(".help")]
+        dests = [dest for dest in dests if dest not in ("help", "print_shtab")]
+
+        def options_under(prefix: str) -> list[str]:
+            inner = [dest[len(prefix) + 1 :] if prefix else dest for dest in dests if not prefix or dest.startswith(prefix + ".")]
+            return sorted({dest.split(".")[0] for dest in inner if dest})
+
+        files = _config_files(argv)
+        if subcommand is not None and message.strip() == f"unrecognized arguments: {subcommand}":
+            unknown = _unknown_config_keys(files, set(options_under("")))
+            if unknown:
+                return condense_parser_error(f"unrecognized arguments: --{unknown[0]}", options_under).replace(
+                    "unknown option", f"unknown key in {', '.join(map(str, files))}:"
+                )
+        line = condense_parser_error(message, options_under)
+        if files and line.startswith("config is not valid YAML"):
+            line = ", ".join(map(str, files)) + line[len("config") :]
+        if subcommand is not None and not files and "--help" not in argv and "-h" not in argv:
+            return f"`{subcommand}` needs a config: pass --config configs/<pair>/<method>.yaml (e.g. --config configs/tiny/sft.yaml); {line}"
+        return line
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        for key in INPUT_PATH_KEYS:
+            value = _namespace_get(config, key)
+            if isinstance(value, str) and "://" not in value and Path(value).expanduser().exists():
+                _namespace_set(config, key, str(Path(value).expanduser().resolve()))
+        for key in OUTPUT_PATH_KEYS:
+            value = _namespace_get(config, key)
+            if isinstance(value, str) and "://" not in value:
+                _namespace_set(config, key, str(Path(value).expanduser().absolute()))
+        ckpt_path = getattr(config, "ckpt_path", None)
+        if self.subcommand == "fit" and ckpt_path and str(ckpt_path) not in CKPT_KEYWORDS:
+            self._continue_logger_version(config, Path(ckpt_path))
+
+    def _continue_logger_version(self, config: Any, ckpt_path: Path) -> None:
+        """Point a logger without an explicit version at the version folder ``ckpt_path`` was written in
+        (``<save_dir>/<name>/version_N/checkpoints/*.ckpt``), so the resumed run logs into the same one."""
+        version_dir = ckpt_path.resolve().parent.parent
+        if ckpt_path.resolve().parent.name != "checkpoints" or not version_dir.name.startswith("version_"):
+            return
+        loggers = config.trainer.logger if isinstance(config.trainer.logger, list) else [config.trainer.logger]
+        for logger in loggers:
+            init = getattr(logger, "init_args", None)
+            if init is None or getattr(init, "version", "unset") is not None:
+                continue
+            root = Path(getattr(init, "save_dir", None) or config.trainer.default_root_dir or ".") / (getattr(init, "name", "") or "")
+            if root.resolve() == version_dir.parent:
+                init.version = version_dir.name
+                self._resume_step = int(check_checkpoint(ckpt_path).get("global_step", 0))
+
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        trainer = super().instantiate_trainer(**kwargs)
+        if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
+            trainer.strategy.checkpoint_io = AtomicCheckpointIO()
+        if self._resume_step is not None and trainer.is_global_zero:
+            for logger in trainer.loggers:
+                if isinstance(logger, CSVLogger):
+                    _keep_logged_rows(logger, self._resume_step)
+        return trainer
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("data.tokenizer", "model.init_args.tokenizer")
@@ -78,13 +215,33 @@ class DistillCLI(LightningCLI):
         parser.link_arguments("seed_everything", "model.init_args.seed", compute_fn=training_seed)
 
 
+def _keep_logged_rows(logger: CSVLogger, resume_step: int) -> None:
+    """Carry the rows a resumed run's first part logged before ``resume_step`` into its CSV logger.
+
+    Lightning's CSV writer deletes an existing ``metrics.csv`` when it opens the folder; the rows are
+    read first and handed back to it, so the version's file holds both parts of the run.
+    """
+    path = Path(logger.log_dir) / "metrics.csv"
+    if not path.is_file():
+        return
+    with path.open(newline="") as handle:
+        reader = csv.DictReader(handle)
+        rows = list(reader)
+        header = list(reader.fieldnames or [])
+    experiment = logger.experiment  # opening the folder removes the old file
+    kept = [{k: v for k, v in row.items() if v != ""} for row in rows if row.get("step", "").isdigit() and int(row["step"]) < resume_step]
+    experiment.metrics = kept + experiment.metrics
+    experiment.metrics_keys = sorted(set(header) | set(experiment.metrics_keys))
+
+
 def run_cli(args: list[str] | None = None, run: bool = True) -> DistillCLI:
     """Run (or with ``run=False`` only build) the LightningCLI on ``args``."""
     return DistillCLI(
         DistillLightningModule,
         InstructionDataModule,
         subclass_mode_model=True,
-        parser_kwargs={"parser_mode": PARSER_MODE},
+        parser_kwargs={"parser_mode": PARSER_MODE, "exit_on_error": False, "prog": PROG},
+        trainer_defaults={"callbacks": [NonFiniteLossGuard()]},
         save_config_kwargs={"overwrite": True},
         args=args,
         run=run,

@@ -7,6 +7,8 @@ from pathlib import Path
 
 from transformers import GenerationConfig, PreTrainedModel
 
+from mgsr_lightning.atomic import atomic_folder
+
 log = logging.getLogger(__name__)
 
 
@@ -22,16 +24,19 @@ def export_student(
     ``state_dict`` (the student's full weights) replaces the model's own, e.g. a best checkpoint's,
     or the gathered weights of a sharded model.
 
+    The folder is written beside ``folder`` and moved in when complete, so a full disk never leaves
+    a half-written model that looks finished.
+
     The generation config records the EOS that ends a response and the pad token, so
     ``pipeline("text-generation", model=folder)`` stops where training taught the student to stop.
     """
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
     eos = eos_token_id if eos_token_id is not None else tokenizer.eos_token_id
     student.config.eos_token_id = eos
     student.config.pad_token_id = tokenizer.pad_token_id
     student.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=tokenizer.pad_token_id)
-    student.save_pretrained(folder, state_dict=state_dict)
-    tokenizer.save_pretrained(folder)
+    with atomic_folder(folder) as temporary:  # config.json, the mark of a complete folder, arrives last
+        student.save_pretrained(temporary, state_dict=state_dict)
+        tokenizer.save_pretrained(temporary)
     log.info("student saved to %s", folder)
     return folder

@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
+from mgsr_lightning.errors import ConfigError, LoadError, UserError
+
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -61,10 +63,10 @@ def load_causal_lm(
     1,024-token vocabulary.
     """
     if source.dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {source.dtype!r}")
+        raise ConfigError(f"dtype must be one of {sorted(DTYPES)}, got {source.dtype!r}")
     dtype = DTYPES[source.dtype]
     if source.name_or_path is None and source.config is None:
-        raise ValueError("a model needs `name_or_path` (hub id or folder) or `config` (a dict with model_type)")
+        raise ConfigError("a model needs `name_or_path` (hub id or folder) or `config` (a dict with model_type)")
     common = {"revision": source.revision, "trust_remote_code": source.trust_remote_code}
     if source.config is None:
         kwargs = dict(common, dtype=dtype)
@@ -73,8 +75,8 @@ def load_causal_lm(
         try:
             return AutoModelForCausalLM.from_pretrained(source.name_or_path, **kwargs)
         except OSError as error:
-            raise OSError(
-                f"could not load model {source.describe()!r}: {error}\n"
+            raise LoadError(
+                f"could not load model {source.describe()!r}: {str(error).splitlines()[0] if str(error) else error!r}. "
                 "Give a local folder written by `save_pretrained`, or a hub id with network access "
                 "(this run may be offline: HF_HUB_OFFLINE is set)."
             ) from error
@@ -85,7 +87,7 @@ def load_causal_lm(
             setattr(config, key, value)
     else:
         if "model_type" not in overrides:
-            raise ValueError(f"a model config needs `model_type` (e.g. gpt2, opt, llama); got keys {sorted(overrides)}")
+            raise ConfigError(f"a model config needs `model_type` (e.g. gpt2, opt, llama); got keys {sorted(overrides)}")
         if vocab_size is not None:
             overrides.setdefault("vocab_size", vocab_size)
         for key, value in (special_token_ids or {}).items():
@@ -103,13 +105,13 @@ def output_vocab_size(model: PreTrainedModel) -> int:
     return model.get_output_embeddings().weight.shape[0]
 
 
-class VocabularyMismatchError(ValueError):
+class VocabularyMismatchError(UserError, ValueError):
     """Teacher and student cannot be compared token by token."""
 
 
 def check_vocabularies(
     tokenizer_size: int,
-    models: dict[str, PreTrainedModel],
+    models: dict[str, PreTrainedModel | int],
     tokenizers: dict[str, Any] | None = None,
 ) -> int:
     """Check that every model can be read through the same tokenizer and return the shared size.
@@ -121,7 +123,8 @@ def check_vocabularies(
 
     Args:
         tokenizer_size: ``len(tokenizer)`` of the tokenizer the data is encoded with.
-        models: e.g. ``{"teacher": ..., "student": ...}``.
+        models: e.g. ``{"teacher": ..., "student": ...}``; a model may be given by its row count (its
+            config's ``vocab_size``), to check before loading its weights.
         tokenizers: each model's own tokenizer where it has one; their vocabularies (token → id)
             must be identical, which is what "sharing a vocabulary" means.
 
@@ -129,7 +132,7 @@ def check_vocabularies(
         VocabularyMismatchError: with the sizes involved and what to do.
     """
     for name, model in models.items():
-        rows = output_vocab_size(model)
+        rows = model if isinstance(model, int) else output_vocab_size(model)
         if rows < tokenizer_size:
             raise VocabularyMismatchError(
                 f"the {name} has {rows} output rows but the tokenizer has {tokenizer_size} tokens: ids "
@@ -137,7 +140,7 @@ def check_vocabularies(
                 "(smaller) vocabulary; use the same tokenizer family for teacher and student, or resize the "
                 f"{name}'s embeddings (`model.resize_token_embeddings({tokenizer_size})`) before distilling."
             )
-        if rows > tokenizer_size:
+        if rows > tokenizer_size and not isinstance(model, int):
             log.info("%s has %d logit rows; comparing the first %d (the tokenizer's vocabulary)", name, rows, tokenizer_size)
     if tokenizers:
         named = [(name, tok.get_vocab()) for name, tok in tokenizers.items() if tok is not None]

@@ -14,6 +14,8 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
+from mgsr_lightning.errors import ConfigError, LoadError
+
 EOS_TOKEN = "<|endoftext|>"
 PAD_TOKEN = "<|pad|>"
 
@@ -65,8 +67,8 @@ def load_tokenizer(name_or_path: str, gguf_file: str | None = None):
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
     except (OSError, ValueError) as error:
-        raise OSError(
-            f"could not load a tokenizer from {name_or_path!r}: {error}\n"
+        raise LoadError(
+            f"could not load a tokenizer from {name_or_path!r}: {str(error).splitlines()[0] if str(error) else error!r}. "
             "Give a folder written by `save_pretrained` (e.g. the one `python -m mgsr_lightning prepare-tiny` "
             "writes) or a hub id reachable from this machine."
         ) from error
@@ -94,9 +96,9 @@ def token_id(tokenizer, token: str | None) -> int:
     """Id of ``token`` (default: the tokenizer's EOS), failing clearly if it is not one token."""
     if token is None:
         if tokenizer.eos_token_id is None:
-            raise ValueError("the tokenizer has no EOS token; set `eos_token` to the token that ends a response")
+            raise ConfigError("the tokenizer has no EOS token; set `eos_token` to the token that ends a response")
         return tokenizer.eos_token_id
     index = tokenizer.convert_tokens_to_ids(token)
     if index is None or index == tokenizer.unk_token_id:
-        raise ValueError(f"{token!r} is not a single token of this tokenizer")
+        raise ConfigError(f"{token!r} is not a single token of this tokenizer")
     return index

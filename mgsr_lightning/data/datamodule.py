@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from mgsr_lightning.data.collate import EncodedExample, InstructionCollator
 from mgsr_lightning.data.records import load_records
 from mgsr_lightning.data.templates import PromptTemplate, render_prompt
+from mgsr_lightning.errors import ConfigError
 from mgsr_lightning.tokenizer import load_tokenizer, token_id
 
 log = logging.getLogger(__name__)
@@ -172,7 +173,7 @@ class InstructionDataModule(L.LightningDataModule):
     ):
         super().__init__()
         if max_prompt_length >= max_length:
-            raise ValueError(f"max_prompt_length ({max_prompt_length}) must be smaller than max_length ({max_length})")
+            raise ConfigError(f"max_prompt_length ({max_prompt_length}) must be smaller than max_length ({max_length})")
         self.save_hyperparameters()
         self.tokenizer = load_tokenizer(tokenizer)
         self.eos_token_id = token_id(self.tokenizer, eos_token)
@@ -187,7 +188,7 @@ class InstructionDataModule(L.LightningDataModule):
             max_length=h.max_length, max_prompt_length=h.max_prompt_length, overlong=h.overlong, name=name,
         )
         if not examples:
-            raise ValueError(f"no {name} rows left after the length policy ({stats}); raise max_length/max_prompt_length")
+            raise ConfigError(f"no {name} rows left after the length policy ({stats}); raise max_length/max_prompt_length")
         self.length_stats[name] = stats
         return EncodedDataset(examples, records)
 
@@ -195,13 +196,13 @@ class InstructionDataModule(L.LightningDataModule):
         h = self.hparams
         if stage in (None, "fit", "validate") and "train" not in self.datasets:
             if h.train_data is None:
-                raise ValueError("`train_data` is required to fit")
+                raise ConfigError("`train_data` is required to fit")
             train_records = load_records(h.train_data, split=h.hf_split)
             if h.val_data is not None:
                 val_records = load_records(h.val_data, split="validation")
             else:
                 if h.val_size <= 0 or h.val_size >= len(train_records):
-                    raise ValueError(
+                    raise ConfigError(
                         f"set `val_data`, or `val_size` between 1 and {len(train_records) - 1} to hold out training rows"
                     )
                 val_records, train_records = train_records[: h.val_size], train_records[h.val_size :]
@@ -213,7 +214,7 @@ class InstructionDataModule(L.LightningDataModule):
             self.datasets["val"] = self._encode("validation", val_records)
         if stage in (None, "test", "predict") and "test" not in self.datasets:
             if h.test_data is None:
-                raise ValueError("`test_data` is required to test or predict")
+                raise ConfigError("`test_data` is required to test or predict")
             self.datasets["test"] = self._encode("test", load_records(h.test_data, split="test"))
 
     def state_dict(self) -> dict[str, int]:

@@ -44,9 +44,11 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from mgsr_lightning.atomic import atomic_path, write_text
 from mgsr_lightning.data.collate import InstructionCollator
 from mgsr_lightning.data.datamodule import encode_records
 from mgsr_lightning.data.templates import PromptTemplate
+from mgsr_lightning.errors import ConfigError
 from mgsr_lightning.evaluation.metrics import MeanScore
 from mgsr_lightning.evaluation.readers import EVAL_SETS
 from mgsr_lightning.evaluation.report import format_table1
@@ -88,9 +90,9 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(f"seeds must be a non-empty list of distinct integers, got {self.seeds}")
+            raise ConfigError(f"seeds must be a non-empty list of distinct integers, got {self.seeds}")
         if self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+            raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}")
 
 
 def _mean_and_std(values: Sequence[float]) -> tuple[float, float]:
@@ -173,7 +175,7 @@ def evaluate_model(
             max_prompt_length=config.max_prompt_length, name=f"eval set {name}",
         )
         if not examples:
-            raise ValueError(f"eval set {name!r}: no example left to score ({stats['dropped_long_prompt']} of "
+            raise ConfigError(f"eval set {name!r}: no example left to score ({stats['dropped_long_prompt']} of "
                              f"{len(records)} prompts exceed max_prompt_length={config.max_prompt_length})")
         prepared[name] = (records, examples[rank::world_size], stats)
 
@@ -260,10 +262,10 @@ def write_outputs(results: Mapping[str, Any], generations: Sequence[Mapping[str,
     """Write ``generations.jsonl``, ``metrics.json`` and ``table.md`` (Table-1 row + per-seed detail)."""
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    with (output_dir / "generations.jsonl").open("w", encoding="utf-8") as handle:
+    with atomic_path(output_dir / "generations.jsonl") as temporary, temporary.open("w", encoding="utf-8") as handle:
         for row in generations:
             handle.write(json.dumps(row, ensure_ascii=False) + "\n")
-    (output_dir / "metrics.json").write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_text(output_dir / "metrics.json", json.dumps(results, indent=2, ensure_ascii=False) + "\n")
     table_run = {**results, "method": results.get("method") or "model"}
     table = format_table1([table_run], exact_match=True) + "\n" + format_seed_table(results)
-    (output_dir / "table.md").write_text(table, encoding="utf-8")
+    write_text(output_dir / "table.md", table)

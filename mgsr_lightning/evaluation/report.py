@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mgsr_lightning.atomic import atomic_path, write_text
 from mgsr_lightning.evaluation.readers import EVAL_SETS
 
 AVG_COLUMN = "Avg"
@@ -192,8 +193,8 @@ def plot_table1(runs: Sequence[Mapping[str, Any]], path: str | Path, *, exact_ma
     if title:
         figure.suptitle(title)
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=150)
+    with atomic_path(path) as temporary:
+        figure.savefig(temporary, dpi=150, format=path.suffix.lstrip(".") or "png")
     return path
 
 
@@ -204,6 +205,6 @@ def write_report(runs: Sequence[Mapping[str, Any]], output_dir: str | Path, *, e
     output_dir.mkdir(parents=True, exist_ok=True)
     table_path = output_dir / "table.md"
     heading = f"# {title}\n\n" if title else ""
-    table_path.write_text(heading + format_table1(runs, exact_match=exact_match), encoding="utf-8")
+    write_text(table_path, heading + format_table1(runs, exact_match=exact_match))
     chart_path = plot_table1(runs, output_dir / "chart.png", exact_match=exact_match, title=title)
     return {"table": table_path, "chart": chart_path}

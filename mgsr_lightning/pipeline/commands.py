@@ -10,6 +10,7 @@ last checkpoint, so running the same command again continues where it stopped.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -18,12 +19,18 @@ from typing import Any
 
 import torch
 
+from mgsr_lightning import atomic, validation
 from mgsr_lightning.data.records import load_records, write_jsonl
 from mgsr_lightning.data.templates import PromptTemplate
+from mgsr_lightning.errors import MissingFileError
 from mgsr_lightning.evaluation.evaluate import EvalConfig, evaluate_model
 from mgsr_lightning.evaluation.readers import EVAL_SETS, load_dolly15k, load_eval_set
 from mgsr_lightning.evaluation.report import format_table1, write_report
 from mgsr_lightning.generation import SamplingConfig
+from mgsr_lightning.pipeline.checks import (
+    check_fit_fingerprint, check_model_folder, check_pair_and_methods, eval_fingerprint, fit_fingerprint, stored_path,
+    student_only_module,
+)
 from mgsr_lightning.pipeline.paths import REPO_ROOT, config_path, environment
 from mgsr_lightning.pipeline.tiny import TINY_ROOT_ENV, prepare_tiny
 
@@ -47,10 +54,13 @@ def _fit(pair: str, method: str, run_dir: Path, seed: int, env: dict[str, str]) 
     from mgsr_lightning.cli import run_cli
 
     export_dir = run_dir / "hf"
+    check_fit_fingerprint(run_dir, fit_fingerprint(config_path(pair, method), seed, env))
     if (export_dir / "config.json").is_file():
         log.info("%s/%s seed %d: already trained (%s)", pair, method, seed, export_dir)
         return export_dir
-    last = run_dir / "checkpoints" / "last.ckpt"
+    # the CSV logger puts checkpoints in its version folder: <run_dir>/logs/version_N/checkpoints
+    checkpoints = sorted(run_dir.glob("logs/version_*/checkpoints/last.ckpt"), key=lambda path: path.stat().st_mtime)
+    last = checkpoints[-1] if checkpoints else run_dir / "checkpoints" / "last.ckpt"
     args = [
         "fit", "--config", str(config_path(pair, method)), f"--seed_everything={seed}",
         f"--trainer.default_root_dir={run_dir}", f"--trainer.logger.init_args.save_dir={run_dir}",
@@ -62,7 +72,7 @@ def _fit(pair: str, method: str, run_dir: Path, seed: int, env: dict[str, str]) 
     started = time.perf_counter()
     with environment(**env):
         cli = run_cli(args)
-    (run_dir / "train_seconds.txt").write_text(f"{time.perf_counter() - started:.1f}\n")
+    atomic.write_text(run_dir / "train_seconds.txt", f"{time.perf_counter() - started:.1f}\n")
     del cli
     return export_dir
 
@@ -78,13 +88,20 @@ def _load(folder: Path, dtype: torch.dtype = torch.float32):
 
 
 def _evaluate(model_dir: Path, out: Path, label: str, eval_sets: dict[str, list], config: EvalConfig) -> dict[str, Any]:
+    """Evaluate, or reuse ``out/metrics.json`` when the same model, rows and protocol produced it."""
     metrics_path = out / "metrics.json"
+    fingerprint = eval_fingerprint(model_dir, label, eval_sets, config)
     if metrics_path.is_file():
-        return json.loads(metrics_path.read_text())
+        cached = json.loads(metrics_path.read_text())
+        if cached.get("fingerprint") == fingerprint:
+            return cached
+        log.info("%s: written with another configuration (or by an older version); evaluating again", metrics_path)
     dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
     model, tokenizer = _load(model_dir, dtype)
     results = evaluate_model(model, tokenizer, eval_sets, config, out, method=label)
     del model
+    results["fingerprint"] = fingerprint
+    atomic.write_text(metrics_path, json.dumps(results, indent=2, ensure_ascii=False) + "\n")
     return results
 
 
@@ -128,9 +145,13 @@ def reproduce(
         eval_source: Folder with MiniLLM's evaluation sets (default: the hub releases).
         max_eval_examples: Evaluate on the first N rows of each set (quick checks).
     """
+    check_pair_and_methods(pair, methods)
+    validation.at_least("max_eval_examples", max_eval_examples, 1)
     methods = methods or (TINY_METHODS if pair == "tiny" else PAPER_METHODS)
     train_seeds = train_seeds or ([0, 1, 2] if pair == "tiny" else [10])
     results = Path(results_dir) if results_dir else REPO_ROOT / "experiments" / "results" / pair
+    validation.writable_folder("results_dir", results)
+    validation.writable_folder("runs", "runs")
     runs_root = Path("runs") / ("reproduce-tiny" if pair == "tiny" else pair)
     env, eval_sets, eval_config, teacher_dir = _pair_setup(pair, data_source, eval_source, max_eval_examples)
     if not (teacher_dir / "config.json").is_file():
@@ -147,7 +168,7 @@ def reproduce(
             timings[f"{method}/seed{seed}"] = (run_dir / "train_seconds.txt").read_text().strip() if (run_dir / "train_seconds.txt").is_file() else "?"
             runs.append(_evaluate(student, run_dir / "eval", METHOD_LABELS.get(method, method), eval_sets, eval_config))
     paths = write_report(runs, results, exact_match=pair == "tiny", title=f"ROUGE-L, {PAIR_SIZES.get(pair, pair)}")
-    (results / "runs.json").write_text(json.dumps({"runs": runs, "train_seconds": timings}, indent=1) + "\n")
+    atomic.write_text(results / "runs.json", json.dumps({"runs": runs, "train_seconds": timings}, indent=1) + "\n")
     print(paths["table"].read_text())
     return results
 
@@ -160,21 +181,26 @@ def demo(method: str = "mgsr", seed: int = 0) -> None:
         method: The distillation config of ``configs/tiny/`` to compare with SFT.
         seed: Training seed of both students.
     """
+    check_pair_and_methods("tiny", [method])
+    validation.writable_folder("runs", "runs")
     started = time.perf_counter()
     env, eval_sets, eval_config, teacher_dir = _pair_setup("tiny", None, None, None)
     runs_root = Path("runs") / "demo"
     runs = [_evaluate(teacher_dir, runs_root / "teacher" / "eval", "Teacher", eval_sets, eval_config)]
     for name in ("sft", method):
         run_dir = runs_root / name
-        for stale in (run_dir / "hf", run_dir / "eval", run_dir / "checkpoints"):
+        for stale in (run_dir / "hf", run_dir / "eval", run_dir / "logs", run_dir / "fit.sha256"):
             if stale.exists():  # students are retrained on every demo; only the teacher is cached
                 import shutil
 
-                shutil.rmtree(stale)
+                if stale.is_dir():
+                    shutil.rmtree(stale)
+                else:
+                    stale.unlink()
         student = _fit("tiny", name, run_dir, seed, env)
         runs.append(_evaluate(student, run_dir / "eval", METHOD_LABELS.get(name, name), eval_sets, eval_config))
     table = format_table1(runs, exact_match=True)
-    (runs_root / "table.md").write_text(table + "\n")
+    atomic.write_text(runs_root / "table.md", table + "\n")
     print("\n" + table)
     print(f"demo finished in {time.perf_counter() - started:.0f} s; table, generations and metrics under {runs_root}/")
 
@@ -209,6 +235,17 @@ def evaluate(
         eos_token: Token that ends a response (default: the tokenizer's EOS).
         label: Row name in the table (default: the model folder's name, or its parent's for ``.../hf``).
     """
+    validation.at_least("batch_size", batch_size, 1)
+    validation.at_least("max_new_tokens", max_new_tokens, 1)
+    validation.at_least("max_prompt_length", max_prompt_length, 1)
+    validation.at_least("max_examples", max_examples, 1)
+    check_model_folder(model)
+    validation.check_positions("model", {"name_or_path": model}, max_prompt_length + max_new_tokens,
+                               "max_prompt_length + max_new_tokens")
+    for name in sets or []:
+        if name not in EVAL_SETS and not Path(name).is_file():
+            raise MissingFileError(f"evaluation set not found: {name!r} is neither a file nor one of {', '.join(EVAL_SETS)}")
+    validation.writable_folder("out", out)
     eval_sets = {}
     for name in sets or list(EVAL_SETS):
         eval_sets[Path(name).stem if name not in EVAL_SETS else name] = (
@@ -234,8 +271,18 @@ def export(checkpoint: str, out: str) -> None:
         out: Output folder, loadable with ``from_pretrained`` and ``pipeline("text-generation", ...)``.
     """
     from mgsr_lightning.export import export_student
-    from mgsr_lightning.module import DistillLightningModule
 
-    module = DistillLightningModule.load_from_checkpoint(checkpoint, map_location="cpu", weights_only=False)
+    saved = validation.check_checkpoint(checkpoint, "checkpoint")
+    hparams = saved.get("hyper_parameters", {})
+    validation.writable_folder("out", out)
+    overrides: dict[str, Any] = {}
+    student = hparams.get("student")
+    name_or_path = student.get("name_or_path") if isinstance(student, dict) else getattr(student, "name_or_path", None)
+    if name_or_path:
+        found = stored_path(name_or_path, Path(checkpoint), "student")
+        overrides["student"] = {**student, "name_or_path": found} if isinstance(student, dict) else dataclasses.replace(student, name_or_path=found)
+    if hparams.get("tokenizer"):
+        overrides["tokenizer"] = stored_path(hparams["tokenizer"], Path(checkpoint), "tokenizer")
+    module = student_only_module(saved, overrides)
     export_student(module.student, module.tokenizer, out, eos_token_id=module.eos_token_id)
     print(f"student saved to {out}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from mgsr_lightning import validation
 from mgsr_lightning.data.records import read_jsonl
 from mgsr_lightning.data.templates import render_prompt
 from mgsr_lightning.data.tiny_tasks import write_tiny_dataset
@@ -49,6 +50,10 @@ def prepare_tiny(
         seed: Seed of the data generator.
         force: Redo every step even if its output exists.
     """
+    for name, size in (("train_size", train_size), ("validation_size", validation_size), ("test_size", test_size)):
+        validation.at_least(name, size, 1)
+    validation.at_least("vocab_size", vocab_size, 258)  # the 256 byte symbols and two special tokens
+    validation.writable_folder("out", out)
     root = Path(out).resolve()
     data_dir, tokenizer_dir, teacher_dir = root / "data", root / "tokenizer", root / "teacher"
     if force or not (data_dir / "test.jsonl").is_file():

@@ -1,0 +1,261 @@
+"""Checks of a run's configuration made before any model is loaded or any file is written.
+
+Each check raises a :class:`~mgsr_lightning.errors.UserError` whose message names the option, the
+value and what would work, so a mistake costs seconds instead of a model load or a training run.
+The LightningCLI runs :func:`check_run_config` on the parsed config; the pipeline commands call the
+individual checks on their arguments.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from mgsr_lightning.errors import CheckpointError, ConfigError, MissingFileError, UserError
+
+# checkpoint names Lightning resolves itself instead of a path
+CKPT_KEYWORDS = {"last", "best", "hpc", "registry"}
+# divergence and DAC-KL parameters that are probabilities or mixing weights
+UNIT_INTERVAL_PARAMS = ("alpha", "beta", "lam", "rho_min")
+POSITION_ATTRIBUTES = ("n_positions", "max_position_embeddings", "n_ctx", "max_sequence_length")
+
+
+def _get(namespace: Any, dotted: str, default: Any = None) -> Any:
+    value = namespace
+    for part in dotted.split("."):
+        if value is None:
+            return default
+        value = value.get(part, default) if isinstance(value, Mapping) else getattr(value, part, default)
+    return value
+
+
+def positive(name: str, value: Any) -> None:
+    if value is not None and not value > 0:
+        raise ConfigError(f"{name} must be > 0, got {value}")
+
+
+def at_least(name: str, value: Any, minimum: int) -> None:
+    if value is not None and not value >= minimum:
+        raise ConfigError(f"{name} must be >= {minimum}, got {value}")
+
+
+def in_unit_interval(name: str, value: Any) -> None:
+    if value is not None and not 0.0 <= value <= 1.0:
+        raise ConfigError(f"{name} must be in [0, 1], got {value}")
+
+
+def looks_like_path(name: str) -> bool:
+    """A local path rather than a hub id (``org/name``): absolute, relative-marked, or with 2+ separators."""
+    return name.startswith(("/", "./", "../", "~")) or name.count("/") >= 2 or os.sep != "/" and os.sep in name
+
+
+def existing_input(name: str, value: str | None, what: str) -> None:
+    """A path that must exist (hub ids and dataset names pass unchecked)."""
+    if value is None or Path(value).expanduser().exists():
+        return
+    if not looks_like_path(value) and Path(value).suffix not in (".jsonl", ".json"):
+        return  # a hub id or dataset name
+    raise MissingFileError(f"{name}: {what} not found: {value}")
+
+
+def writable_folder(name: str, folder: str | Path | None) -> None:
+    """``folder`` (or the nearest existing folder above it) accepts new files."""
+    if folder is None or "://" in str(folder):
+        return
+    existing = Path(folder).expanduser().absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"{name}: {existing} is a file, not a folder (from {folder})")
+    try:
+        handle, probe = tempfile.mkstemp(dir=existing, prefix=".mgsr-write-check-")
+        os.close(handle)
+        os.unlink(probe)
+    except OSError as error:
+        raise UserError(f"{name}: cannot write in {existing} ({error.strerror or error}); choose a writable folder") from None
+
+
+def check_checkpoint(path: str | Path, name: str = "ckpt_path") -> dict[str, Any]:
+    """Load a checkpoint's structure (tensors memory-mapped, not read); fail clearly if missing or corrupt."""
+    import torch
+
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise CheckpointError(f"{name}: checkpoint not found: {path}")
+    try:
+        try:
+            checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+        except RuntimeError as error:
+            if "zip" not in str(error).lower() or path.stat().st_size == 0:
+                raise
+            checkpoint = torch.load(path, map_location="cpu", weights_only=False)  # the legacy, non-zip format
+    except Exception as error:  # noqa: BLE001 - any failure to unpickle means an unusable file
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise CheckpointError(
+            f"{name}: checkpoint {path} is corrupt or truncated ({reason}); resume from another one, e.g. an "
+            "earlier latest-*.ckpt"
+        ) from None
+    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+        raise CheckpointError(f"{name}: {path} is not a training checkpoint written by `fit` (no state_dict)")
+    return checkpoint
+
+
+def model_positions(name_or_path: str | None, config: Mapping[str, Any] | None = None) -> int | None:
+    """Most positions (prompt + response tokens) the model takes, read from its config only (no weights).
+
+    None when unknown: a hub id that cannot be reached, or an architecture without a position limit.
+    """
+    from transformers import AutoConfig
+
+    overrides = dict(config or {})
+    try:
+        if name_or_path is not None:
+            model_config = AutoConfig.from_pretrained(name_or_path)
+        elif "model_type" in overrides:
+            model_config = AutoConfig.for_model(overrides["model_type"])
+        else:
+            return None
+    except (OSError, ValueError, KeyError):
+        return None
+    for attribute in POSITION_ATTRIBUTES:
+        value = overrides.get(attribute, getattr(model_config, attribute, None))
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def check_positions(role: str, source: Any, needed: int, why: str) -> None:
+    """``needed`` tokens fit in the position table of the model ``source`` describes."""
+    name_or_path, config = _get(source, "name_or_path"), _get(source, "config")
+    if name_or_path is not None and looks_like_path(name_or_path) and not Path(name_or_path).expanduser().exists():
+        raise MissingFileError(f"{role}: model folder not found: {name_or_path}")
+    positions = model_positions(name_or_path, config)
+    if positions is not None and needed > positions:
+        raise ConfigError(
+            f"the {role} has {positions} positions but {why} = {needed} tokens; lower them to at most {positions}"
+        )
+
+
+def check_vocabulary(tokenizer: str | None, sources: dict[str, Any]) -> None:
+    """The vocabulary check of :func:`mgsr_lightning.models.check_vocabularies`, for models in local
+    folders, from their ``config.json`` and saved tokenizers instead of their weights."""
+    from transformers import AutoConfig
+
+    from mgsr_lightning.models import check_vocabularies
+    from mgsr_lightning.tokenizer import load_tokenizer, tokenizer_of
+
+    folders = {role: _get(source, "name_or_path") for role, source in sources.items() if source is not None}
+    folders = {role: folder for role, folder in folders.items()
+               if folder and Path(folder).is_dir() and not _get(sources[role], "gguf_file")}
+    if not folders or tokenizer is None or not Path(tokenizer).expanduser().exists():
+        return
+    data_tokenizer = load_tokenizer(tokenizer)
+    rows = {}
+    for role, folder in folders.items():
+        try:
+            config = AutoConfig.from_pretrained(folder)
+        except (OSError, ValueError):
+            continue
+        vocab_size = (_get(sources[role], "config") or {}).get("vocab_size", getattr(config, "vocab_size", None))
+        if isinstance(vocab_size, int):
+            rows[role] = vocab_size
+    own = {role: tokenizer_of(folder) for role, folder in folders.items()}
+    check_vocabularies(len(data_tokenizer), rows, {"data": data_tokenizer} | own)
+
+
+def check_sampling(prefix: str, sampling: Any) -> None:
+    if sampling is None:
+        return
+    if _get(sampling, "do_sample", True):
+        positive(f"{prefix}.temperature", _get(sampling, "temperature"))
+    at_least(f"{prefix}.top_k", _get(sampling, "top_k"), 0)
+    top_p = _get(sampling, "top_p")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ConfigError(f"{prefix}.top_p must be in (0, 1], got {top_p}")
+    at_least(f"{prefix}.max_new_tokens", _get(sampling, "max_new_tokens"), 1)
+
+
+def check_model_args(init: Any, prefix: str = "model.init_args") -> None:
+    """Values of ``DistillLightningModule``'s arguments (and of their dataclasses)."""
+    optimizer = _get(init, "optimizer")
+    positive(f"{prefix}.optimizer.lr", _get(optimizer, "lr"))
+    at_least(f"{prefix}.optimizer.weight_decay", _get(optimizer, "weight_decay"), 0)
+    at_least(f"{prefix}.optimizer.warmup_steps", _get(optimizer, "warmup_steps"), 0)
+    for index, beta in enumerate(_get(optimizer, "betas") or ()):
+        in_unit_interval(f"{prefix}.optimizer.betas[{index}]", beta)
+    at_least(f"{prefix}.sft_weight", _get(init, "sft_weight"), 0)
+    at_least(f"{prefix}.span.weight", _get(init, "span.weight"), 0)
+    at_least(f"{prefix}.max_length", _get(init, "max_length"), 2)
+    distill = _get(init, "distill")
+    if distill is not None:
+        positive(f"{prefix}.distill.temperature", _get(distill, "temperature"))
+        at_least(f"{prefix}.distill.weight", _get(distill, "weight"), 0)
+        positive(f"{prefix}.distill.clip_net_lr", _get(distill, "clip_net_lr"))
+        params = _get(distill, "params") or {}
+        for key in UNIT_INTERVAL_PARAMS:
+            if key in params:
+                in_unit_interval(f"{prefix}.distill.params.{key}", params[key])
+    regime = _get(init, "regime")
+    for key in ("lmbda", "init_threshold", "threshold_step"):
+        in_unit_interval(f"{prefix}.regime.{key}", _get(regime, key))
+    at_least(f"{prefix}.regime.capacity", _get(regime, "capacity"), 1)
+    at_least(f"{prefix}.scrg.n_corrections", _get(init, "scrg.n_corrections"), 0)
+    check_sampling(f"{prefix}.sampling", _get(init, "sampling"))
+    at_least(f"{prefix}.validation.rouge_examples", _get(init, "validation.rouge_examples"), 0)
+    at_least(f"{prefix}.validation.max_new_tokens", _get(init, "validation.max_new_tokens"), 1)
+    for role in ("student", "teacher"):
+        dtype = _get(init, f"{role}.dtype")
+        if dtype is not None and dtype not in ("float32", "bfloat16", "float16"):
+            raise ConfigError(f"{prefix}.{role}.dtype must be float32, bfloat16 or float16, got {dtype!r}")
+
+
+def check_data_args(data: Any, stage: str) -> None:
+    """Values and input paths of ``InstructionDataModule``'s arguments for ``stage``."""
+    at_least("data.batch_size", _get(data, "batch_size"), 1)
+    at_least("data.eval_batch_size", _get(data, "eval_batch_size"), 1)
+    at_least("data.max_prompt_length", _get(data, "max_prompt_length"), 1)
+    at_least("data.val_size", _get(data, "val_size"), 0)
+    at_least("data.num_workers", _get(data, "num_workers"), 0)
+    at_least("data.max_train_examples", _get(data, "max_train_examples"), 1)
+    at_least("data.max_val_examples", _get(data, "max_val_examples"), 1)
+    max_length, max_prompt_length = _get(data, "max_length"), _get(data, "max_prompt_length")
+    if max_length is not None and max_prompt_length is not None and max_prompt_length >= max_length:
+        raise ConfigError(
+            f"data.max_prompt_length ({max_prompt_length}) must be smaller than data.max_length ({max_length})"
+        )
+    existing_input("data.tokenizer", _get(data, "tokenizer"), "tokenizer folder")
+    needed = {"fit": ("train_data", "val_data"), "validate": ("train_data", "val_data")}.get(stage, ("test_data",))
+    for key in needed:
+        existing_input(f"data.{key}", _get(data, key), "data file")
+
+
+def check_run_config(config: Any, stage: str) -> None:
+    """Everything a LightningCLI run (``fit``, ``validate``, ``test``, ``predict``) can be checked for
+    before it loads a model: values, input paths, sequence lengths against the models' positions,
+    vocabularies, the checkpoint to start from, and that the output folders are writable."""
+    init = _get(config, "model.init_args")
+    data = _get(config, "data")
+    if init is not None:
+        check_model_args(init)
+    if data is not None:
+        check_data_args(data, stage)
+    max_length = _get(data, "max_length") or _get(init, "max_length")
+    for role in ("student", "teacher"):
+        source = _get(init, role)
+        if source is not None and max_length is not None:
+            check_positions(role, source, max_length, "data.max_length (prompt + response, rollouts included)")
+    tokenizer = _get(init, "tokenizer") or _get(data, "tokenizer")
+    check_vocabulary(tokenizer, {role: _get(init, role) for role in ("student", "teacher")})
+    ckpt_path = _get(config, "ckpt_path")
+    if ckpt_path is not None and str(ckpt_path) not in CKPT_KEYWORDS and "://" not in str(ckpt_path):
+        check_checkpoint(ckpt_path)
+    writable_folder("trainer.default_root_dir", _get(config, "trainer.default_root_dir"))
+    logger = _get(config, "trainer.logger")
+    for logger_config in logger if isinstance(logger, list) else [logger]:
+        if logger_config is not None and not isinstance(logger_config, bool):
+            writable_folder("trainer.logger save_dir", _get(logger_config, "init_args.save_dir"))
+    if stage == "fit":
+        writable_folder("model.init_args.export_dir", _get(init, "export_dir"))

@@ -1,0 +1,387 @@
+"""Bad input, from every command: one ``error:`` line on stderr, exit status 2, nothing left behind.
+
+Most cases fail in the checks made before any model loads, so they run in-process through
+``main``; a few train for 2-4 steps to hit a full disk, a NaN loss or a resume. Two run the real
+``python -m mgsr_lightning`` to see the exact stderr and exit status, and ``--debug``.
+"""
+
+from __future__ import annotations
+
+import csv
+import errno
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_models import cli_overrides, last_checkpoint
+
+from mgsr_lightning.__main__ import main
+from mgsr_lightning.cli import run_cli
+from mgsr_lightning.errors import user_message
+
+REPO = Path(__file__).resolve().parents[1]
+KD_CONFIG = str(REPO / "configs" / "tiny" / "kd.yaml")
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+def error_line(args: list[str], capsys, *, only_line: bool = True) -> str:
+    """Run ``main(args)``; assert exit status 2 and one ``error:`` line (the only stderr line when
+    ``only_line``, else among the run's own log lines), no traceback; return that line."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code == 2
+    stderr = capsys.readouterr().err
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error: ")]
+    assert len(errors) == 1 and "Traceback" not in stderr, stderr
+    if only_line:
+        assert lines == errors, stderr
+    return errors[0]
+
+
+def files_under(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file()) if folder.exists() else []
+
+
+def fit_args(assets, run_dir: Path, *extra: str) -> list[str]:
+    return ["fit", "--config", KD_CONFIG, *cli_overrides(assets, "gpt2", run_dir), *extra]
+
+
+# ---- fit, validate, test, predict: the parsed config is checked before anything loads ------------
+
+FIT_CASES = {
+    "learning_rate": (["--model.init_args.optimizer.lr=0"], "model.init_args.optimizer.lr must be > 0, got 0.0"),
+    "distill_temperature": (["--model.init_args.distill.temperature=0"], "distill.temperature must be > 0"),
+    "sampling_temperature": (["--model.init_args.sampling.temperature=-1"], "sampling.temperature must be > 0"),
+    "top_p": (["--model.init_args.sampling.top_p=1.5"], "sampling.top_p must be in (0, 1]"),
+    "probability": (["--model.init_args.regime.lmbda=1.5"], "regime.lmbda must be in [0, 1], got 1.5"),
+    "adam_beta": (["--model.init_args.optimizer.betas=[0.9, 1.5]"], "optimizer.betas[1] must be in [0, 1]"),
+    "divergence_beta": (['--model.init_args.distill.params={{"beta": 2}}'], "distill.params.beta must be in [0, 1]"),
+    "batch_size": (["--data.batch_size=0"], "data.batch_size must be >= 1, got 0"),
+    "eval_batch_size": (["--data.eval_batch_size=0"], "data.eval_batch_size must be >= 1, got 0"),
+    "prompt_not_below_length": (["--data.max_prompt_length=80"],
+                                "data.max_prompt_length (80) must be smaller than data.max_length (80)"),
+    "positions": (["--data.max_length=200"], "the student has 128 positions but data.max_length"),
+    "train_data": (["--data.train_data={missing}/train.jsonl"], "data.train_data: data file not found"),
+    "tokenizer": (["--data.tokenizer={missing}/tokenizer"], "data.tokenizer: tokenizer folder not found"),
+    "student": (['--model.init_args.student={{"name_or_path": "{missing}/student"}}'], "student: model folder not found"),
+    "ckpt_missing": (["--ckpt_path={missing}/last.ckpt"], "ckpt_path: checkpoint not found"),
+    "unknown_trainer_key": (["--trainer.max_stepz=3"], "unknown option 'trainer.max_stepz'; did you mean 'max_steps'?"),
+    "unknown_dataclass_key": (["--model.init_args.distill.nme=x"],
+                              "unknown option 'model.init_args.distill.nme'; did you mean 'name'? valid options of "
+                              "DistillLoss: name, weight, temperature"),
+    "unknown_name": (["--model.init_args.distill.name=kl"], "model.init_args.distill.name: expected one of 'forward_kl'"),
+    "bad_type": (["--trainer.max_steps=many"], "trainer.max_steps: expected int, got 'many'"),
+}
+
+
+@pytest.mark.parametrize("case", FIT_CASES)
+def test_fit_rejects_bad_configuration_in_one_line(case, tiny_assets, tmp_path, capsys):
+    extra, expected = FIT_CASES[case]
+    extra = [arg.format(missing=tmp_path / "missing") for arg in extra]
+    line = error_line(fit_args(tiny_assets, tmp_path / "run", *extra), capsys)
+    assert expected in line
+    assert not (tmp_path / "run").exists()
+
+
+def test_vocabulary_mismatch_and_corrupt_checkpoint_are_found_before_loading(tiny_assets, tmp_path, capsys):
+    from tiny_models import build_tiny_model
+
+    build_tiny_model("gpt2", 100).save_pretrained(tmp_path / "small")
+    small = f'--model.init_args.student={{"name_or_path": "{tmp_path / "small"}"}}'
+    line = error_line(fit_args(tiny_assets, tmp_path / "run", small), capsys)
+    assert "the student has 100 output rows but the tokenizer has 300 tokens" in line
+    corrupt = tmp_path / "last.ckpt"
+    corrupt.write_bytes(b"PK\x03\x04 cut short by a full disk")
+    line = error_line(fit_args(tiny_assets, tmp_path / "run", f"--ckpt_path={corrupt}"), capsys)
+    assert f"ckpt_path: checkpoint {corrupt} is corrupt or truncated" in line
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("command, extra, expected", [
+    ("test", ["--data.test_data={missing}/test.jsonl"], "data.test_data: data file not found"),
+    ("validate", ["--data.max_prompt_length=0"], "data.max_prompt_length must be >= 1"),
+    ("predict", ["--ckpt_path={missing}/best.ckpt"], "checkpoint not found"),
+])
+def test_other_lightning_commands_check_first_too(command, extra, expected, tiny_assets, tmp_path, capsys):
+    extra = [arg.format(missing=tmp_path / "missing") for arg in extra]
+    args = [command, "--config", KD_CONFIG, *cli_overrides(tiny_assets, "gpt2", tmp_path / "run"), *extra]
+    assert expected in error_line(args, capsys)
+    assert not (tmp_path / "run").exists()
+
+
+def test_command_line_mistakes(capsys):
+    assert "commands: fit, validate, test, predict, prepare-tiny, demo, evaluate, export, reproduce" in error_line(["fitt"], capsys)
+    assert "`fit` needs a config: pass --config configs/<pair>/<method>.yaml" in error_line(["fit"], capsys)
+    assert "config file not found: " in error_line(["fit", "--config", "nope.yaml"], capsys)
+    assert "missing required options: --checkpoint, --out" in error_line(["export"], capsys)
+    assert "unknown option 'checkpointt'; did you mean 'checkpoint'?" in error_line(["export", "--checkpointt", "x"], capsys)
+    main(["--help"])
+    assert "usage: python -m mgsr_lightning <command>" in capsys.readouterr().out
+
+
+def test_unknown_top_level_key_in_a_config_file(tmp_path, capsys):
+    config = tmp_path / "typo.yaml"
+    config.write_text(f"_base_: {KD_CONFIG}\ntrainr: {{max_steps: 3}}\n")
+    assert "unknown option 'trainr'; did you mean 'trainer'?" in error_line(["fit", "--config", str(config)], capsys)
+    config.write_text("trainer: {max_steps: [\n")
+    line = error_line(["fit", "--config", str(config)], capsys)
+    assert f"{config} is not valid YAML (line 2, column 1): expected the node content" in line
+
+
+# ---- rows ----------------------------------------------------------------------------------------
+
+GOOD_ROW = json.dumps({"instruction": "Add 1 and 2.", "input": "", "output": "3"}) + "\n"
+ROW_CASES = {
+    "null_field": ('{"instruction": null, "output": "3"}\n', "train.jsonl:2: 'instruction' must be a string, got null"),
+    "list_field": ('{"instruction": ["a", "b"], "output": "3"}\n', "train.jsonl:2: 'instruction' must be a string, got a list"),
+    "number_field": ('{"instruction": "a", "input": 7, "output": "3"}\n', "train.jsonl:2: 'input' must be a string, got a number"),
+    "null_output": ('{"instruction": "a", "output": null}\n', "train.jsonl:2: 'output' must be a string, got null"),
+    "empty_output": ('{"instruction": "a", "output": "  "}\n', "train.jsonl:2: 'output' is empty"),
+    "not_utf8": (b'{"instruction": "caf\xe9", "output": "3"}\n', "train.jsonl:2: not UTF-8 text (byte 0xe9 at column 21)"),
+    "empty_file": (None, "train.jsonl: the data file is empty"),
+}
+
+
+@pytest.mark.parametrize("case", ROW_CASES)
+def test_bad_rows_are_named_by_file_and_line(case, tiny_assets, tmp_path, capsys):
+    row, expected = ROW_CASES[case]
+    data = tmp_path / "train.jsonl"
+    if row is None:
+        data.write_text("\n")
+    else:
+        data.write_bytes(GOOD_ROW.encode() + (row if isinstance(row, bytes) else row.encode()))
+    line = error_line(fit_args(tiny_assets, tmp_path / "run", f"--data.train_data={data}"), capsys, only_line=False)
+    assert expected in line
+    assert files_under(tmp_path / "run") == []
+
+
+# ---- evaluate, export, reproduce, demo, prepare-tiny -------------------------------------------
+
+def _read_only(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr("tempfile.mkstemp", refuse)
+
+
+@pytest.mark.parametrize("case", ["missing_model", "not_a_model", "positions", "missing_set", "batch_size", "read_only"])
+def test_evaluate_checks_before_loading(case, tiny_assets, tmp_path, capsys, monkeypatch):
+    student = str(tiny_assets["models"]["gpt2"]["student"])
+    test_set = str(tiny_assets["data"] / "test.jsonl")
+    out = tmp_path / "eval"
+    args = {"model": student, "sets": f"[{test_set}]", "out": str(out), "max_new_tokens": "8", "max_prompt_length": "56"}
+    expected = {
+        "missing_model": "model not found: {tmp}/runs/mgsr/hf",
+        "not_a_model": "has no config.json: not a folder written by `save_pretrained`",
+        "positions": "the model has 128 positions but max_prompt_length + max_new_tokens = 156 tokens",
+        "missing_set": "evaluation set not found: '{tmp}/nope.jsonl'",
+        "batch_size": "batch_size must be >= 1, got 0",
+        "read_only": "out: cannot write in",
+    }[case].format(tmp=tmp_path)
+    if case == "missing_model":
+        args["model"] = str(tmp_path / "runs" / "mgsr" / "hf")
+    elif case == "not_a_model":
+        (tmp_path / "empty").mkdir()
+        args["model"] = str(tmp_path / "empty")
+    elif case == "positions":
+        args["max_new_tokens"] = "100"
+    elif case == "missing_set":
+        args["sets"] = f"[{tmp_path / 'nope.jsonl'}]"
+    elif case == "batch_size":
+        args["batch_size"] = "0"
+    else:
+        _read_only(monkeypatch)
+    line = error_line(["evaluate", *[f"--{key}={value}" for key, value in args.items()]], capsys)
+    assert expected in line
+    assert not out.exists()
+
+
+def test_export_and_resume_refuse_missing_corrupt_and_foreign_checkpoints(tmp_path, capsys):
+    truncated = tmp_path / "truncated.ckpt"
+    torch.save({"state_dict": {"w": torch.zeros(1000)}, "global_step": 3}, truncated)
+    truncated.write_bytes(truncated.read_bytes()[:300])
+    foreign = tmp_path / "weights.pt"
+    torch.save({"w": torch.zeros(3)}, foreign)
+    out = tmp_path / "exported"
+    for checkpoint, expected in [
+        (tmp_path / "nope.ckpt", f"checkpoint: checkpoint not found: {tmp_path / 'nope.ckpt'}"),
+        (truncated, f"checkpoint: checkpoint {truncated} is corrupt or truncated"),
+        (foreign, f"checkpoint: {foreign} is not a training checkpoint written by `fit`"),
+    ]:
+        assert expected in error_line(["export", "--checkpoint", str(checkpoint), "--out", str(out)], capsys)
+        assert not out.exists()
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["reproduce", "--pair", "gpt3"], "unknown pair 'gpt3'; pairs: gpt2, llama2, openllama2, opt, tiny"),
+    (["reproduce", "--pair", "tiny", "--methods", "[kd, mgsr_full]"], "unknown method 'mgsr_full' for pair 'tiny'; methods: "),
+    (["reproduce", "--pair", "tiny", "--max_eval_examples", "0"], "max_eval_examples must be >= 1, got 0"),
+    (["demo", "--method", "mgsr2"], "unknown method 'mgsr2' for pair 'tiny'"),
+    (["prepare-tiny", "--train_size", "0"], "train_size must be >= 1, got 0"),
+    (["prepare-tiny", "--vocab_size", "100"], "vocab_size must be >= 258, got 100"),
+])
+def test_pipeline_commands_check_names_and_values_before_any_work(args, expected, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    extra = ["--results_dir", str(tmp_path / "results")] if args[0] == "reproduce" else []
+    extra += ["--out", str(tmp_path / "tiny")] if args[0] == "prepare-tiny" else []
+    assert expected in error_line(args + extra, capsys)
+    assert files_under(tmp_path) == []
+
+
+# ---- runs that train: full disk, NaN loss, resume, export elsewhere -------------------------------
+
+@pytest.fixture(scope="module")
+def trained_run(tiny_assets, tmp_path_factory):
+    """A kd run of 2 steps (checkpoints at step 2), shared by the tests that read its files."""
+    run_dir = tmp_path_factory.mktemp("trained") / "run"
+    cli = run_cli(fit_args(tiny_assets, run_dir))
+    return {"dir": run_dir, "checkpoint": Path(last_checkpoint(cli.trainer))}
+
+
+def test_full_disk_leaves_no_truncated_checkpoint(tiny_assets, tmp_path, capsys, monkeypatch):
+    def full_disk(checkpoint, path):
+        Path(path).write_bytes(b"PK\x03\x04 partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("lightning.fabric.plugins.io.torch_io._atomic_save", full_disk)
+    line = error_line(fit_args(tiny_assets, tmp_path / "run"), capsys, only_line=False)
+    assert "error: cannot write " in line and ".ckpt: No space left on device" in line
+    written = files_under(tmp_path / "run")
+    assert not [p for p in written if ".ckpt" in p.name], written
+    assert not (tmp_path / "run" / "hf").exists()
+
+
+def test_non_finite_loss_stops_with_step_and_batch_and_keeps_the_last_good_checkpoint(tiny_assets, tmp_path, capsys,
+                                                                                      monkeypatch):
+    from mgsr_lightning.module import DistillLightningModule
+
+    losses = DistillLightningModule.losses
+
+    def nan_from_step_2(self, ground_truth, sequences):
+        terms = losses(self, ground_truth, sequences)
+        return {name: value * float("nan") for name, value in terms.items()} if self.global_step >= 2 else terms
+
+    monkeypatch.setattr(DistillLightningModule, "losses", nan_from_step_2)
+    line = error_line(fit_args(tiny_assets, tmp_path / "run", "--trainer.max_steps=4"), capsys, only_line=False)
+    assert "the training loss is nan at step 2 (batch 2 of epoch 0); training stopped before that update" in line
+    last = tmp_path / "run" / "kd" / "version_0" / "checkpoints" / "last.ckpt"
+    assert f"last good checkpoint: {last}" in line
+    assert torch.load(last, weights_only=False)["global_step"] == 2
+    assert not (tmp_path / "run" / "hf").exists()
+
+
+def test_resumed_run_continues_its_logger_version(trained_run, tiny_assets, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained_run["dir"], run_dir)
+    checkpoint = run_dir / trained_run["checkpoint"].relative_to(trained_run["dir"])
+    run_cli(fit_args(tiny_assets, run_dir, "--trainer.max_steps=4", f"--ckpt_path={checkpoint}"))
+    assert sorted(p.name for p in (run_dir / "kd").iterdir()) == ["version_0"]
+    with (run_dir / "kd" / "version_0" / "metrics.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    train_steps = [int(row["step"]) for row in rows if row["train/loss"]]
+    assert train_steps == [0, 1, 2, 3]  # both parts of the run, once each
+
+
+def test_export_from_another_folder_builds_the_student_only(trained_run, tmp_path, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    from mgsr_lightning.module import DistillLightningModule
+
+    def refuse(self):
+        raise AssertionError("export loaded the teacher")
+
+    monkeypatch.setattr(DistillLightningModule, "load_teacher", refuse)
+    monkeypatch.chdir(tmp_path)
+    main(["export", "--checkpoint", str(trained_run["checkpoint"]), "--out", "exported"])
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "exported")
+    state = torch.load(trained_run["checkpoint"], weights_only=False)["state_dict"]
+    torch.testing.assert_close(model.state_dict()["transformer.wte.weight"], state["student.transformer.wte.weight"])
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "a temporary folder was left behind"
+
+
+# ---- caches and files --------------------------------------------------------------------------
+
+def test_evaluation_cache_is_reused_only_for_the_same_configuration(tiny_assets, tmp_path, monkeypatch):
+    from mgsr_lightning.evaluation.evaluate import EvalConfig
+    from mgsr_lightning.pipeline import commands
+
+    calls = []
+
+    def fake_evaluate(model, tokenizer, eval_sets, config, out, method):
+        calls.append(config.max_examples)
+        return {"method": method, "sets": {}, "config": {"max_examples": config.max_examples}}
+
+    monkeypatch.setattr(commands, "_load", lambda folder, dtype: (torch.nn.Linear(1, 1), None))
+    monkeypatch.setattr(commands, "evaluate_model", fake_evaluate)
+    student = tiny_assets["models"]["gpt2"]["student"]
+    sets = {"tiny": [{"instruction": "a", "input": "", "output": "b"}]}
+    quick, full = EvalConfig(max_examples=2), EvalConfig()
+    commands._evaluate(student, tmp_path / "eval", "KD", sets, quick)
+    commands._evaluate(student, tmp_path / "eval", "KD", sets, full)  # not the quick run's numbers
+    commands._evaluate(student, tmp_path / "eval", "KD", sets, full)  # reused
+    assert calls == [2, None]
+    assert json.loads((tmp_path / "eval" / "metrics.json").read_text())["config"]["max_examples"] is None
+
+
+def test_training_step_is_reused_only_for_the_same_configuration(tmp_path):
+    from mgsr_lightning.errors import ConfigError
+    from mgsr_lightning.pipeline.checks import check_fit_fingerprint, fit_fingerprint
+
+    (tmp_path / "base.yaml").write_text("model: {lr: 1}\n")
+    (tmp_path / "kd.yaml").write_text("_base_: base.yaml\n")
+    first = fit_fingerprint(tmp_path / "kd.yaml", 0, {})
+    run_dir = tmp_path / "runs" / "kd" / "seed0"
+    check_fit_fingerprint(run_dir, first)
+    check_fit_fingerprint(run_dir, first)  # the same run continues
+    (tmp_path / "base.yaml").write_text("model: {lr: 2}\n")
+    changed = fit_fingerprint(tmp_path / "kd.yaml", 0, {})
+    assert len({first, changed, fit_fingerprint(tmp_path / "kd.yaml", 1, {})}) == 3
+    with pytest.raises(ConfigError, match="holds a run trained with another configuration"):
+        check_fit_fingerprint(run_dir, changed)
+
+
+def test_atomic_write_keeps_the_old_file_when_the_new_one_fails(tmp_path):
+    from mgsr_lightning.atomic import atomic_path
+
+    target = tmp_path / "metrics.json"
+    target.write_text("old")
+    with pytest.raises(OSError) as error, atomic_path(target) as temporary:
+        temporary.write_text("half")
+        raise OSError(errno.ENOSPC, "No space left on device", str(target))
+    assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["metrics.json"]
+    assert user_message(error.value) == f"cannot write {target}: No space left on device"
+
+
+# ---- the real command line ---------------------------------------------------------------------
+
+def run_module(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, **OFFLINE_ENV, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "mgsr_lightning", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_command_line_exit_status_one_line_and_debug(tmp_path):
+    result = run_module("export", "--checkpoint", "missing.ckpt", "--out", "exported", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "error: checkpoint: checkpoint not found: missing.ckpt (run with --debug for the traceback)"
+    ]
+    debug = run_module("export", "--checkpoint", "missing.ckpt", "--out", "exported", "--debug", cwd=tmp_path)
+    assert debug.returncode == 1 and "Traceback" in debug.stderr and "CheckpointError" in debug.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_info_messages_are_printed(tmp_path):
+    code = ("import logging, sys; sys.argv = ['mgsr_lightning', '--help']; from mgsr_lightning.__main__ import main; "
+            "main(); logging.getLogger('mgsr_lightning.export').info('student saved to x')")
+    env = {**os.environ, **OFFLINE_ENV, "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert "INFO mgsr_lightning.export: student saved to x" in result.stderr
