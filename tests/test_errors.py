@@ -260,15 +260,17 @@ def test_full_disk_leaves_no_truncated_checkpoint(tiny_assets, tmp_path, capsys,
 
 def test_non_finite_loss_stops_with_step_and_batch_and_keeps_the_last_good_checkpoint(tiny_assets, tmp_path, capsys,
                                                                                       monkeypatch):
-    from mgsr_lightning.module import DistillLightningModule
+    from mgsr_lightning.losses.objective import Objective
 
-    losses = DistillLightningModule.losses
+    objective = Objective.__call__
+    calls = []
 
-    def nan_from_step_2(self, ground_truth, sequences):
-        terms = losses(self, ground_truth, sequences)
-        return {name: value * float("nan") for name, value in terms.items()} if self.global_step >= 2 else terms
+    def nan_from_step_2(self, *args, **kwargs):  # the objective runs once per training step
+        loss, metrics = objective(self, *args, **kwargs)
+        calls.append(None)
+        return (loss * float("nan") if len(calls) > 2 else loss), metrics
 
-    monkeypatch.setattr(DistillLightningModule, "losses", nan_from_step_2)
+    monkeypatch.setattr(Objective, "__call__", nan_from_step_2)
     line = error_line(fit_args(tiny_assets, tmp_path / "run", "--trainer.max_steps=4"), capsys, only_line=False)
     assert "the training loss is nan at step 2 (batch 2 of epoch 0); training stopped before that update" in line
     last = tmp_path / "run" / "kd" / "version_0" / "checkpoints" / "last.ckpt"
