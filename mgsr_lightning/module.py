@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
+from lightning.pytorch.strategies import FSDPStrategy
 from torch import Tensor
 from torchmetrics import MeanMetric
 from transformers import PreTrainedModel
@@ -254,6 +255,13 @@ class DistillLightningModule(L.LightningModule):
         metrics |= self.regime.step_metrics(step) | {"train/tokens_compared": sequences.response_mask.sum(), "train/lr": lr}
         self.log_dict(_as_floats(metrics), on_step=True, on_epoch=False)
         return loss
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        # Lightning's FSDP precision plugin refuses norm clipping; FSDP's root module clips across shards.
+        if gradient_clip_val and gradient_clip_algorithm in (None, "norm") and isinstance(self.trainer.strategy, FSDPStrategy):
+            self.trainer.strategy.model.clip_grad_norm_(gradient_clip_val)
+        else:
+            self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def configure_optimizers(self):
         groups = parameter_groups(self.student, self.optimizer_config, self._no_decay_names, self.clip_net,
