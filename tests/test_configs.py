@@ -107,7 +107,11 @@ def test_base_composition_and_interpolation(tmp_path):
         os.chdir(cwd)
 
 
-QUICK = [p for p in RUNNABLE if p.parent.name == "tiny" or p.stem == "mgsr"]
+# the tiny pair, each pair's MGSR, and the reason benchmark's acceptance methods
+QUICK = [
+    p for p in RUNNABLE
+    if p.parent.name == "tiny" or p.stem == "mgsr" or (p.parent.name == "reason" and p.stem in ("sft", "kd", "distillm"))
+]
 
 
 SCRG_METRICS = {"scrg/corrected_fraction", "scrg/mean_error_position", "scrg/mean_regenerated_tokens", "scrg/seconds"}
