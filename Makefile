@@ -2,7 +2,8 @@
 #   make demo   # venv + install, then the embedded default end to end (offline, CPU, < 10 min)
 #   make test   # venv + install, then the fast test suite (CPU, < 10 min)
 # GPU users: install your CUDA torch into .venv first and run with `make ... CONSTRAINTS=`.
-# make reproduce [PAIR=gpt2|opt|openllama2|llama2] [SCALE=tiny] [METHODS=kd,mgsr] [SEEDS=0,1,2] [RESULTS=dir]
+# make reproduce [PAIR=gpt2|opt|openllama2|llama2] [SCALE=tiny|reason] [METHODS=kd,mgsr] [SEEDS=0,1,2] [RESULTS=dir]
+#   SCALE=tiny: the quick embedded task; SCALE=reason: the embedded multi-step benchmark (both offline, CPU)
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -10,6 +11,7 @@ CONSTRAINTS ?= constraints.txt
 PY := $(VENV)/bin/python
 PAIR ?= gpt2
 SCALE ?= full
+EMBEDDED_SCALES := tiny reason
 METHODS ?=
 SEEDS ?=
 RESULTS ?=
@@ -41,9 +43,9 @@ test-all: install
 	$(OFFLINE) $(PY) -m pytest -q -m ""
 
 reproduce: install
-	$(if $(filter tiny,$(SCALE)),$(OFFLINE)) $(PY) -m mgsr_lightning reproduce --pair $(if $(filter tiny,$(SCALE)),tiny,$(PAIR)) \
+	$(if $(filter $(EMBEDDED_SCALES),$(SCALE)),$(OFFLINE)) $(PY) -m mgsr_lightning reproduce --pair $(if $(filter $(EMBEDDED_SCALES),$(SCALE)),$(SCALE),$(PAIR)) \
 		$(if $(METHODS),--methods '[$(METHODS)]') $(if $(SEEDS),--train_seeds '[$(SEEDS)]') \
 		$(if $(RESULTS),--results_dir $(RESULTS))
 
 clean:
-	rm -rf runs artifacts/tiny/students
+	rm -rf runs artifacts/tiny/students artifacts/reason/students

@@ -13,7 +13,7 @@ from tiny_models import cli_overrides
 from mgsr_lightning.cli import load_config_text, run_cli
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-PAIRS = {"tiny": "gpt2", "gpt2": "gpt2", "opt": "opt", "openllama2": "llama", "llama2": "llama"}
+PAIRS = {"tiny": "gpt2", "reason": "gpt2", "gpt2": "gpt2", "opt": "opt", "openllama2": "llama", "llama2": "llama"}
 RUNNABLE = sorted(p for pair in PAIRS for p in (CONFIGS / pair).glob("*.yaml") if p.stem != "base")
 EXPECTED_METHODS = {
     "sft", "kd", "seqkd", "rkl", "jsd", "tvd", "imitkd", "gkd", "distillm", "abkd", "mgsr", "mgsr_paper",
@@ -90,7 +90,7 @@ def test_config_parses_to_its_method(path):
         assert init["distill"]["params"]["mode"] == "learned"
         assert init["distill"]["params"]["variant"] == ("paper" if path.stem == "mgsr_paper" else "rest")
         assert init["span"]["relation"] == ("product" if path.stem == "mgsr_paper" else "normalized")
-    if path.parent.name != "tiny" and distill is not None:
+    if path.parent.name not in ("tiny", "reason") and distill is not None:
         assert init["distill"]["chunk_size"] == 1024  # real vocabularies: bounded loss memory
 
 
@@ -112,7 +112,11 @@ def test_base_composition_and_interpolation(tmp_path):
         os.chdir(cwd)
 
 
-QUICK = [p for p in RUNNABLE if p.parent.name == "tiny" or p.stem == "mgsr"]
+# the tiny pair, each pair's MGSR, and the reason benchmark's acceptance methods
+QUICK = [
+    p for p in RUNNABLE
+    if p.parent.name == "tiny" or p.stem == "mgsr" or (p.parent.name == "reason" and p.stem in ("sft", "kd", "distillm"))
+]
 
 
 SCRG_METRICS = {"scrg/corrected_fraction", "scrg/mean_error_position", "scrg/mean_regenerated_tokens", "scrg/seconds"}

@@ -156,14 +156,18 @@ FAMILIES: dict[str, Callable[[random.Random], Example]] = {
 }
 
 
-def generate_splits(sizes: dict[str, int], seed: int = 0) -> dict[str, list[Example]]:
-    """Generate disjoint splits (e.g. ``{"train": 20000, "validation": 200, "test": 500}``).
+def generate_splits(
+    sizes: dict[str, int], seed: int = 0, families: dict[str, Callable[[random.Random], Example]] | None = None
+) -> dict[str, list[Example]]:
+    """Generate disjoint splits (e.g. ``{"train": 20000, "validation": 200, "test": 500}``) of
+    ``families`` (default: this module's).
 
     Evaluation splits cycle through the families (equal counts); training draws them uniformly. A
     prompt already used in an earlier split is redrawn, so no prompt leaks into another split.
     """
+    families = families or FAMILIES
     rng = random.Random(seed)
-    names = sorted(FAMILIES)
+    names = sorted(families)
     used: set[str] = set()
     splits: dict[str, list[Example]] = {}
     # evaluation splits first, so that their instances are reserved before training data is drawn
@@ -176,7 +180,7 @@ def generate_splits(sizes: dict[str, int], seed: int = 0) -> dict[str, list[Exam
             if attempts > 200 * sizes[split] + 1000:
                 raise RuntimeError(f"could not draw {sizes[split]} distinct {split} rows; ask for fewer")
             family = names[len(rows) % len(names)] if split != "train" else rng.choice(names)
-            example = FAMILIES[family](rng)
+            example = families[family](rng)
             key = example["instruction"] + "\n" + example["input"]
             if key in used or (split != "train" and key in seen_here):
                 continue

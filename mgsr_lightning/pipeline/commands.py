@@ -31,22 +31,27 @@ from mgsr_lightning.pipeline.checks import (
     check_fit_fingerprint, check_model_folder, check_pair_and_methods, eval_fingerprint, fit_fingerprint, stored_path,
     student_only_module,
 )
-from mgsr_lightning.pipeline.paths import REPO_ROOT, config_path, environment
-from mgsr_lightning.pipeline.tiny import TINY_ROOT_ENV, prepare_tiny
+from mgsr_lightning.pipeline.paths import REPO_ROOT, ROOT_ENVS, config_path, environment
+from mgsr_lightning.pipeline.tiny import prepare_tiny
 
 log = logging.getLogger(__name__)
 
 PAPER_METHODS = ["sft", "kd", "seqkd", "imitkd", "gkd", "distillm", "mgsr"]
-TINY_METHODS = ["sft", "kd", "rkl", "jsd", "gkd", "imitkd", "distillm", "mgsr_base", "mgsr_scrg", "mgsr_scrg_dac", "mgsr"]
+TINY_METHODS = ["sft", "kd", "rkl", "jsd", "gkd", "imitkd", "distillm", "abkd", "mgsr_base", "mgsr_scrg", "mgsr_scrg_dac",
+                "mgsr", "mgsr_paper"]
 METHOD_LABELS = {
     "teacher": "Teacher", "sft": "SFT", "kd": "KD", "seqkd": "SeqKD", "rkl": "RKL", "jsd": "JSD", "tvd": "TVD",
-    "imitkd": "ImitKD", "gkd": "GKD", "distillm": "DistiLLM", "mgsr": "MGSR",
+    "imitkd": "ImitKD", "gkd": "GKD", "distillm": "DistiLLM", "abkd": "ABKD", "mgsr": "MGSR",
+    "mgsr_paper": "MGSR (paper's reading)",
     "mgsr_base": "MGSR base (no SCRG/DAC-KL/span)", "mgsr_scrg": "MGSR base +SCRG",
     "mgsr_scrg_dac": "MGSR base +SCRG +DAC-KL",
 }
 PAIR_SIZES = {"gpt2": "GPT-2 XL (1.5B) -> GPT-2 base (0.1B)", "opt": "OPT-6.7B -> OPT-1.3B",
               "openllama2": "OpenLLaMA2-7B -> OpenLLaMA2-3B", "llama2": "LLaMA2-13B -> LLaMA2-7B",
-              "tiny": "tiny GPT-2 teacher -> tiny GPT-2 student (embedded task)"}
+              "tiny": "tiny GPT-2 teacher -> tiny GPT-2 student (embedded task)",
+              "reason": "GPT-2-style 4x192 teacher -> 2x128 student (embedded multi-step task)"}
+# embedded pairs: sampled response tokens and prompt cap of their evaluation (as their configs/<pair>/base.yaml)
+EMBEDDED_EVAL = {"tiny": (24, 48), "reason": (72, 56)}
 
 
 def _fit(pair: str, method: str, run_dir: Path, seed: int, env: dict[str, str]) -> Path:
@@ -107,12 +112,14 @@ def _evaluate(model_dir: Path, out: Path, label: str, eval_sets: dict[str, list]
 
 def _pair_setup(pair: str, data_source: str | None, eval_source: str | None, max_eval_examples: int | None):
     """(environment, evaluation sets, evaluation config, teacher folder) of a pair."""
-    if pair == "tiny":
-        root = prepare_tiny()
-        eval_sets = {"tiny-test": load_records(str(root / "data" / "test.jsonl"))}
-        config = EvalConfig(sampling=SamplingConfig(max_new_tokens=24), batch_size=100, max_prompt_length=48,
-                            template="plain", max_examples=max_eval_examples, show_progress=False)
-        return {TINY_ROOT_ENV: str(root)}, eval_sets, config, root / "teacher"
+    if pair in EMBEDDED_EVAL:
+        root = prepare_tiny(pair=pair)
+        max_new_tokens, max_prompt_length = EMBEDDED_EVAL[pair]
+        eval_sets = {f"{pair}-test": load_records(str(root / "data" / "test.jsonl"))}
+        config = EvalConfig(sampling=SamplingConfig(max_new_tokens=max_new_tokens), batch_size=100,
+                            max_prompt_length=max_prompt_length, template="plain", max_examples=max_eval_examples,
+                            show_progress=False)
+        return {ROOT_ENVS[pair]: str(root)}, eval_sets, config, root / "teacher"
     data_dir = Path("data")
     if not (data_dir / "dolly" / "train.jsonl").is_file():
         splits = load_dolly15k(data_source)
@@ -135,11 +142,11 @@ def reproduce(
     """The paper's pipeline for one pair: teacher SFT, each method × training seed, evaluation, Table 1.
 
     Args:
-        pair: ``gpt2`` (GPT-2 XL → base), ``opt``, ``openllama2``, ``llama2``, or ``tiny`` (the embedded
-            default on a CPU, offline).
+        pair: ``gpt2`` (GPT-2 XL → base), ``opt``, ``openllama2``, ``llama2``, ``tiny`` (the embedded
+            default on a CPU, offline) or ``reason`` (the embedded multi-step benchmark, CPU, offline).
         methods: Config names under ``configs/<pair>/`` (default: the paper's Table 1 methods; for
-            ``tiny``: the baselines and the Table 2 ablation).
-        train_seeds: Training seeds per method (default ``[10]``; tiny: ``[0, 1, 2]``).
+            ``tiny`` and ``reason``: the baselines and the Table 2 ablation).
+        train_seeds: Training seeds per method (default ``[10]``; tiny and reason: ``[0, 1, 2]``).
         results_dir: Where ``table.md``/``chart.png`` go (default ``experiments/results/<pair>``).
         data_source: Dolly-15k: a JSONL file or folder (default: the hub release).
         eval_source: Folder with MiniLLM's evaluation sets (default: the hub releases).
@@ -147,12 +154,13 @@ def reproduce(
     """
     check_pair_and_methods(pair, methods)
     validation.at_least("max_eval_examples", max_eval_examples, 1)
-    methods = methods or (TINY_METHODS if pair == "tiny" else PAPER_METHODS)
-    train_seeds = train_seeds or ([0, 1, 2] if pair == "tiny" else [10])
+    embedded = pair in EMBEDDED_EVAL
+    methods = methods or (TINY_METHODS if embedded else PAPER_METHODS)
+    train_seeds = train_seeds or ([0, 1, 2] if embedded else [10])
     results = Path(results_dir) if results_dir else REPO_ROOT / "experiments" / "results" / pair
     validation.writable_folder("results_dir", results)
     validation.writable_folder("runs", "runs")
-    runs_root = Path("runs") / ("reproduce-tiny" if pair == "tiny" else pair)
+    runs_root = Path("runs") / (f"reproduce-{pair}" if embedded else pair)
     env, eval_sets, eval_config, teacher_dir = _pair_setup(pair, data_source, eval_source, max_eval_examples)
     if not (teacher_dir / "config.json").is_file():
         with environment(**env):
@@ -167,7 +175,7 @@ def reproduce(
             student = _fit(pair, method, run_dir, seed, env)
             timings[f"{method}/seed{seed}"] = (run_dir / "train_seconds.txt").read_text().strip() if (run_dir / "train_seconds.txt").is_file() else "?"
             runs.append(_evaluate(student, run_dir / "eval", METHOD_LABELS.get(method, method), eval_sets, eval_config))
-    paths = write_report(runs, results, exact_match=pair == "tiny", title=f"ROUGE-L, {PAIR_SIZES.get(pair, pair)}")
+    paths = write_report(runs, results, exact_match=embedded, title=f"ROUGE-L, {PAIR_SIZES.get(pair, pair)}")
     atomic.write_text(results / "runs.json", json.dumps({"runs": runs, "train_seconds": timings}, indent=1) + "\n")
     print(paths["table"].read_text())
     return results

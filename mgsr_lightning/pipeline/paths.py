@@ -10,6 +10,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = REPO_ROOT / "configs"
 TINY_ROOT_ENV = "MGSR_TINY_DIR"
+ROOT_ENVS = {"tiny": TINY_ROOT_ENV, "reason": "MGSR_REASON_DIR"}  # artifact folder of each embedded pair
 
 
 def config_path(pair: str, method: str) -> Path:

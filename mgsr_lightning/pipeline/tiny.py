@@ -1,7 +1,10 @@
-"""The embedded default: generated data, a locally trained tokenizer and an SFT-trained tiny teacher.
+"""The embedded pairs: generated data, a locally trained tokenizer and an SFT-trained teacher.
 
-Everything is cached under one folder (``artifacts/tiny`` by default); a step whose output exists is
-skipped, so a second run reuses the teacher.
+``tiny`` is the quick default (short answers); ``reason`` is the benchmark where distillation
+matters (worked multi-step answers, several valid phrasings; see
+:mod:`mgsr_lightning.data.reasoning_tasks`). Everything is cached under one folder per pair
+(``artifacts/<pair>`` by default); a step whose output exists is skipped, so a second run reuses the
+teacher.
 """
 
 from __future__ import annotations
@@ -11,60 +14,74 @@ from pathlib import Path
 
 from mgsr_lightning import validation
 from mgsr_lightning.data.records import read_jsonl
+from mgsr_lightning.data.reasoning_tasks import write_reason_dataset
 from mgsr_lightning.data.templates import render_prompt
 from mgsr_lightning.data.tiny_tasks import write_tiny_dataset
-from mgsr_lightning.pipeline.paths import TINY_ROOT_ENV, config_path, environment
+from mgsr_lightning.pipeline.paths import ROOT_ENVS, TINY_ROOT_ENV, config_path, environment
 from mgsr_lightning.tokenizer import train_bpe_tokenizer
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SIZES = {"train": 20000, "validation": 200, "test": 400}
+# per embedded pair: its data writer, default sizes, BPE vocabulary and the tokenizer's model_max_length
+EMBEDDED = {
+    "tiny": (write_tiny_dataset, DEFAULT_SIZES, 1024, 128),
+    "reason": (write_reason_dataset, {"train": 8000, "validation": 200, "test": 240}, 2048, 256),
+}
 
 
 def fit_config(pair: str, method: str, root: Path, *overrides: str) -> None:
     """``python -m mgsr_lightning fit --config configs/<pair>/<method>.yaml [overrides]``, in process."""
     from mgsr_lightning.cli import run_cli
 
-    with environment(**{TINY_ROOT_ENV: str(root)}):
+    with environment(**{ROOT_ENVS.get(pair, TINY_ROOT_ENV): str(root)}):
         run_cli(["fit", "--config", str(config_path(pair, method)), *overrides])
 
 
 def prepare_tiny(
-    out: str = "artifacts/tiny",
-    train_size: int = DEFAULT_SIZES["train"],
-    validation_size: int = DEFAULT_SIZES["validation"],
-    test_size: int = DEFAULT_SIZES["test"],
-    vocab_size: int = 1024,
+    out: str | None = None,
+    train_size: int | None = None,
+    validation_size: int | None = None,
+    test_size: int | None = None,
+    vocab_size: int | None = None,
     seed: int = 0,
     force: bool = False,
+    pair: str = "tiny",
 ) -> Path:
-    """Prepare the embedded default: data, tokenizer and the SFT-trained tiny teacher.
+    """Prepare an embedded pair: data, tokenizer and the SFT-trained teacher.
 
     Args:
-        out: Folder of the artifacts (``data/``, ``tokenizer/``, ``teacher/``); configs/tiny reads it
-            through ``${oc.env:MGSR_TINY_DIR,artifacts/tiny}``.
-        train_size: Generated training rows.
-        validation_size: Generated validation rows.
-        test_size: Generated test rows.
-        vocab_size: Byte-level BPE vocabulary size.
+        out: Folder of the artifacts (``data/``, ``tokenizer/``, ``teacher/``; default
+            ``artifacts/<pair>``); configs/tiny reads it through ``${oc.env:MGSR_TINY_DIR,artifacts/tiny}``,
+            configs/reason through ``MGSR_REASON_DIR``.
+        train_size: Generated training rows (default: the pair's, 20000 for tiny, 8000 for reason).
+        validation_size: Generated validation rows (default 200).
+        test_size: Generated test rows (default: 400 for tiny, 240 for reason).
+        vocab_size: Byte-level BPE vocabulary size (default: 1024 for tiny, 2048 for reason).
         seed: Seed of the data generator.
         force: Redo every step even if its output exists.
+        pair: ``tiny`` (the quick default) or ``reason`` (the multi-step benchmark).
     """
+    write_dataset, sizes, default_vocab, model_max_length = EMBEDDED[pair]
     for name, size in (("train_size", train_size), ("validation_size", validation_size), ("test_size", test_size)):
-        validation.at_least(name, size, 1)
-    validation.at_least("vocab_size", vocab_size, 258)  # the 256 byte symbols and two special tokens
-    validation.writable_folder("out", out)
-    root = Path(out).resolve()
+        if size is not None:
+            validation.at_least(name, size, 1)
+    if vocab_size is not None:
+        validation.at_least("vocab_size", vocab_size, 258)  # the 256 byte symbols and two special tokens
+    root = Path(out or f"artifacts/{pair}").resolve()
+    validation.writable_folder("out", root)
     data_dir, tokenizer_dir, teacher_dir = root / "data", root / "tokenizer", root / "teacher"
     if force or not (data_dir / "test.jsonl").is_file():
-        write_tiny_dataset(data_dir, {"train": train_size, "validation": validation_size, "test": test_size}, seed)
-        log.info("wrote the tiny dataset to %s", data_dir)
+        requested = {"train": train_size, "validation": validation_size, "test": test_size}
+        write_dataset(data_dir, {split: requested[split] or sizes[split] for split in sizes}, seed)
+        log.info("wrote the %s dataset to %s", pair, data_dir)
     if force or not (tokenizer_dir / "tokenizer.json").is_file():
         records = read_jsonl(data_dir / "train.jsonl")
         texts = [render_prompt(r, "alpaca") + r["output"] for r in records]
-        train_bpe_tokenizer(texts, vocab_size=vocab_size, save_dir=tokenizer_dir, model_max_length=128)
+        vocab_size = vocab_size or default_vocab
+        train_bpe_tokenizer(texts, vocab_size=vocab_size, save_dir=tokenizer_dir, model_max_length=model_max_length)
         log.info("trained a %d-token BPE tokenizer into %s", vocab_size, tokenizer_dir)
     if force or not (teacher_dir / "config.json").is_file():
-        log.info("training the tiny teacher (SFT); cached in %s for later runs", teacher_dir)
-        fit_config("tiny", "teacher", root)
+        log.info("training the %s teacher (SFT); cached in %s for later runs", pair, teacher_dir)
+        fit_config(pair, "teacher", root)
     return root

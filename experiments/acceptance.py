@@ -1,0 +1,66 @@
+"""The reason benchmark's acceptance check: does the published ordering of the peers reproduce?
+
+Reads the students evaluated by ``reproduce`` (``<runs>/<method>/seed<k>/eval/metrics.json``), scores
+each training run as its mean ROUGE-L over the sampling seeds, and prints per method the mean ± standard
+error over training runs, then each comparison's difference in units of its standard error,
+``(mean_a − mean_b) / sqrt(se_a² + se_b²)``. Acceptance: KD − SFT > 2 and DistiLLM − KD ≥ 0 or, if
+negative, within 2 (not significantly below).
+
+    python experiments/acceptance.py runs/reproduce-reason --methods sft,kd,distillm
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+from pathlib import Path
+
+COMPARISONS = [("kd", "sft"), ("distillm", "kd"), ("distillm", "sft")]
+
+
+def run_scores(runs: Path, method: str, metric: str = "rougeL") -> dict[str, float]:
+    """Training seed → that run's mean score over the sampling seeds."""
+    scores = {}
+    for metrics in sorted((runs / method).glob("seed*/eval/metrics.json")):
+        scores[metrics.parent.parent.name] = json.loads(metrics.read_text())["avg"][metric]
+    return scores
+
+
+def summary(values: list[float]) -> tuple[float, float]:
+    """(mean, standard error of the mean); the error is nan with one value."""
+    mean = statistics.fmean(values)
+    return mean, statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else math.nan
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", type=Path, help="runs folder of reproduce, e.g. runs/reproduce-reason")
+    parser.add_argument("--methods", default="sft,kd,distillm")
+    parser.add_argument("--metric", default="rougeL", choices=["rougeL", "exact_match"])
+    args = parser.parse_args()
+    methods = args.methods.split(",")
+    stats = {}
+    teacher = args.runs / "teacher" / "eval" / "metrics.json"
+    if teacher.is_file():
+        print(f"teacher: {json.loads(teacher.read_text())['avg'][args.metric]:.2f}")
+    print(f"| Method | {args.metric} mean ± SE | runs (each the mean over sampling seeds) |\n|---|:---:|---|")
+    for method in methods:
+        scores = run_scores(args.runs, method, args.metric)
+        if not scores:
+            print(f"| {method} | (no evaluated run) | |")
+            continue
+        stats[method] = summary(list(scores.values()))
+        listed = ", ".join(f"{seed} {value:.2f}" for seed, value in scores.items())
+        print(f"| {method} | {stats[method][0]:.2f} ± {stats[method][1]:.2f} | {listed} |")
+    print()
+    for a, b in COMPARISONS:
+        if a in stats and b in stats:
+            (mean_a, se_a), (mean_b, se_b) = stats[a], stats[b]
+            difference, se = mean_a - mean_b, math.hypot(se_a, se_b)
+            print(f"{a} − {b}: {difference:+.2f} ROUGE-L = {difference / se:+.2f} SE (SE of the difference {se:.2f})")
+
+
+if __name__ == "__main__":
+    main()
