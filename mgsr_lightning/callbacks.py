@@ -3,7 +3,8 @@
 - ``GenerationMetrics``: ROUGE-L and exact match of sampled responses, on the first
   ``validation.rouge_examples`` validation examples and on the whole test split;
 - ``TeacherResponses``: SeqKD's teacher answers to every training prompt, generated once and cached;
-- ``ExportStudent``: the student in Hugging Face format at the end of fit.
+- ``ExportStudent``: the student in Hugging Face format at the end of fit;
+- ``RunHyperparameters``: the effective global batch size and the loss weights, logged once per fit.
 """
 
 from __future__ import annotations
@@ -136,3 +137,15 @@ class ExportStudent(L.Callback):
             student_state = {k[len("student."):]: v for k, v in state.items() if k.startswith("student.")}
             export_student(pl_module.student, pl_module.tokenizer, self.folder, pl_module.eos_token_id, student_state)
         trainer.strategy.barrier("export")
+
+
+class RunHyperparameters(L.Callback):
+    """Log the effective global batch size (batch × accumulation × ranks) and each loss weight once."""
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module) -> None:
+        datamodule = trainer.datamodule
+        if trainer.logger is None or datamodule is None:
+            return
+        global_batch = datamodule.hparams.batch_size * trainer.accumulate_grad_batches * trainer.world_size
+        weights = {f"weight/{name}": value for name, value in pl_module.objective.weights.items()}
+        trainer.logger.log_hyperparams({"effective_global_batch_size": global_batch, **weights})

@@ -154,3 +154,20 @@ def check_vocabularies(
                     "compares distributions id by id, so both models must use the same vocabulary."
                 )
     return tokenizer_size
+
+
+def check_pair_vocabularies(
+    tokenizer, student: PreTrainedModel, teacher: PreTrainedModel | None, student_source: ModelSource,
+    teacher_source: ModelSource | None,
+) -> int:
+    """``check_vocabularies`` for a loaded pair: the data's tokenizer against both models' logit rows and
+    against the tokenizers saved with each model (where it was loaded from a folder or hub id)."""
+    from mgsr_lightning.tokenizer import tokenizer_of
+
+    models = {"student": student} | ({"teacher": teacher} if teacher is not None else {})
+    own_tokenizers = {"data": tokenizer} | {
+        role: tokenizer_of(source.name_or_path, source.gguf_file)
+        for role, source in (("student", student_source), ("teacher", teacher_source))
+        if source is not None and source.name_or_path
+    }
+    return check_vocabularies(len(tokenizer), models, own_tokenizers)

@@ -22,24 +22,25 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
-from lightning.pytorch.strategies import FSDPStrategy
 from torch import Tensor
 from torchmetrics import MeanMetric
 from transformers import PreTrainedModel
 
 from mgsr_lightning.batch import Rollout
-from mgsr_lightning.callbacks import ExportStudent, GenerationMetrics, TeacherResponses, ValidationConfig, generate_texts
+from mgsr_lightning.callbacks import (
+    ExportStudent, GenerationMetrics, RunHyperparameters, TeacherResponses, ValidationConfig, generate_texts,
+)
 from mgsr_lightning.generation import Decoding, SamplingConfig, response_logits
 from mgsr_lightning.losses.objective import DistillLoss, Objective, SpanLoss, build_clip_net, response_cross_entropy
-from mgsr_lightning.models import ModelSource, check_vocabularies, load_causal_lm
-from mgsr_lightning.optim import OptimizerConfig, build_optimizer, no_decay_names, parameter_groups
+from mgsr_lightning.models import ModelSource, check_pair_vocabularies, load_causal_lm
+from mgsr_lightning.optim import OptimizerConfig, build_optimizer, clip_gradients, no_decay_names, parameter_groups
 from mgsr_lightning.regimes import RegimeConfig, TrainingSequences, build_regime
 from mgsr_lightning.resume import ResumeState
 from mgsr_lightning.rollout import student_rollout
 from mgsr_lightning.scrg import ScrgConfig
 from mgsr_lightning.seeding import rollout_seeds
 from mgsr_lightning.spans import build_span_prior
-from mgsr_lightning.tokenizer import load_tokenizer, token_id, tokenizer_of
+from mgsr_lightning.tokenizer import load_tokenizer, token_id
 
 # The teacher is in eval mode on purpose (no dropout); Lightning warns about any module in eval mode.
 warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode at the start of training")
@@ -156,13 +157,8 @@ class DistillLightningModule(L.LightningModule):
             teacher.eval()
             teacher.requires_grad_(False)
             self.teacher = teacher
-        models = {"student": self.student} | ({"teacher": self.teacher} if self.teacher is not None else {})
-        own_tokenizers = {"data": self.tokenizer} | {
-            role: tokenizer_of(source.name_or_path, source.gguf_file)
-            for role, source in (("student", self.student_source), ("teacher", self.teacher_source))
-            if source is not None and source.name_or_path
-        }
-        self.vocab_size = check_vocabularies(len(self.tokenizer), models, own_tokenizers)
+        self.vocab_size = check_pair_vocabularies(self.tokenizer, self.student, self.teacher, self.student_source,
+                                                  self.teacher_source)
         self._no_decay_names = no_decay_names(self.student)
         # Every forward is a collective when parameters are sharded: ranks decode in lockstep.
         synced = self._trainer is not None and self.trainer.world_size > 1
@@ -172,7 +168,8 @@ class DistillLightningModule(L.LightningModule):
             self.objective.span_prior = build_span_prior(self.tokenizer, self.span.prior)
 
     def configure_callbacks(self) -> list[L.Callback]:
-        callbacks: list[L.Callback] = [ResumeState(), GenerationMetrics(self.validation_config.rouge_examples)]
+        callbacks: list[L.Callback] = [ResumeState(), RunHyperparameters(),
+                                       GenerationMetrics(self.validation_config.rouge_examples)]
         if self.regime_config.name == "teacher_generated":
             callbacks.append(TeacherResponses())
         if self.export_dir is not None:
@@ -226,13 +223,6 @@ class DistillLightningModule(L.LightningModule):
 
     # ---- training --------------------------------------------------------------------------------
 
-    def on_fit_start(self) -> None:
-        t = self.trainer
-        global_batch = t.datamodule.hparams.batch_size * t.accumulate_grad_batches * t.world_size if t.datamodule else None
-        if t.logger is not None and global_batch:
-            t.logger.log_hyperparams({"effective_global_batch_size": global_batch,
-                                      **{f"weight/{k}": v for k, v in self.objective.weights.items()}})
-
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
         ground_truth = Rollout.from_batch(batch)
         # 1. training sequences from the regime: ground truth, replay, teacher outputs, or fresh (sample + SCRG)
@@ -257,11 +247,7 @@ class DistillLightningModule(L.LightningModule):
         return loss
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
-        # Lightning's FSDP precision plugin refuses norm clipping; FSDP's root module clips across shards.
-        if gradient_clip_val and gradient_clip_algorithm in (None, "norm") and isinstance(self.trainer.strategy, FSDPStrategy):
-            self.trainer.strategy.model.clip_grad_norm_(gradient_clip_val)
-        else:
-            self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        clip_gradients(self, optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def configure_optimizers(self):
         groups = parameter_groups(self.student, self.optimizer_config, self._no_decay_names, self.clip_net,

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import lightning as L
 import torch
+from lightning.pytorch.strategies import FSDPStrategy
 from torch import nn
 from transformers import get_scheduler
 
@@ -62,3 +64,12 @@ def build_optimizer(groups: list[dict], config: OptimizerConfig, total_steps: in
     optimizer = torch.optim.AdamW(groups, lr=config.lr, betas=tuple(config.betas))
     scheduler = get_scheduler(config.schedule, optimizer, num_warmup_steps=config.warmup_steps, num_training_steps=total_steps)
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def clip_gradients(module: L.LightningModule, optimizer, clip_val: float | None, algorithm: str | None) -> None:
+    """Lightning's gradient clipping, except under FSDP: its precision plugin refuses norm clipping,
+    so the root FSDP module clips by the norm across all shards (``clip_grad_norm_``)."""
+    if clip_val and algorithm in (None, "norm") and isinstance(module.trainer.strategy, FSDPStrategy):
+        module.trainer.strategy.model.clip_grad_norm_(clip_val)
+    else:
+        module.clip_gradients(optimizer, clip_val, algorithm)
