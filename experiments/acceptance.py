@@ -59,7 +59,8 @@ def main() -> None:
         if a in stats and b in stats:
             (mean_a, se_a), (mean_b, se_b) = stats[a], stats[b]
             difference, se = mean_a - mean_b, math.hypot(se_a, se_b)
-            print(f"{a} − {b}: {difference:+.2f} ROUGE-L = {difference / se:+.2f} SE (SE of the difference {se:.2f})")
+            in_se = f"{difference / se:+.2f} SE" if se > 0 else "n/a SE"
+            print(f"{a} − {b}: {difference:+.2f} {args.metric} = {in_se} (SE of the difference {se:.2f})")
 
 
 if __name__ == "__main__":
