@@ -17,18 +17,19 @@ the error is averaged over the samples still running at that step (0 when none i
 steps per prompt, and averaged over prompts. Where l·ε(l) = 0 the ratio is 0 if R(l) = 0 too (no
 error at all, e.g. student == teacher) and +inf otherwise.
 
-Shapes: ``B`` prompts, ``L`` = ``config.max_new_tokens`` steps, ``V`` vocabulary.
+Shapes: ``B`` prompts, ``L`` = ``decoding.sampling.max_new_tokens`` steps, ``V`` vocabulary.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
-from mgsr_lightning.generation import Rollout, SamplingConfig, eval_mode, response_logits, sample
+from mgsr_lightning.batch import Rollout
+from mgsr_lightning.generation import Decoding, eval_mode, response_logits, sample
 from mgsr_lightning.losses import forward_kl
 
 
@@ -70,12 +71,9 @@ def accumulated_errors(
     student: nn.Module,
     prompt_ids: Tensor,
     prompt_mask: Tensor,
-    config: SamplingConfig,
+    decoding: Decoding,
     *,
     seeds: Tensor,
-    eos_token_id: int | Sequence[int],
-    pad_token_id: int,
-    vocab_size: int | None = None,
     chunk_size: int | None = None,
 ) -> Tensor:
     """[B, L] Σ_{t≤l} of the student's step error on responses sampled from ``generator``.
@@ -83,15 +81,12 @@ def accumulated_errors(
     seeds: [S, B] int64, one row of per-prompt seeds per sample. At each step the error is averaged
     over the samples that reach it (0 when none does), then summed over steps.
     """
-    steps = config.max_new_tokens
+    steps = decoding.sampling.max_new_tokens
     total = prompt_ids.new_zeros(prompt_ids.size(0), steps, dtype=torch.float32)  # [B, L]
     count = torch.zeros_like(total)
     for sample_seeds in seeds:
-        rollout = sample(
-            generator, prompt_ids, prompt_mask, config,
-            eos_token_id=eos_token_id, pad_token_id=pad_token_id, seeds=sample_seeds, vocab_size=vocab_size,
-        )
-        errors = step_errors(teacher, student, rollout, vocab_size=vocab_size, chunk_size=chunk_size)  # [B, R]
+        rollout = sample(generator, prompt_ids, prompt_mask, decoding, seeds=sample_seeds)
+        errors = step_errors(teacher, student, rollout, vocab_size=decoding.vocab_size, chunk_size=chunk_size)  # [B, R]
         width = errors.size(1)
         total[:, :width] += errors.float()
         count[:, :width] += rollout.response_mask.float()
@@ -109,22 +104,19 @@ def exposure_bias(
     student: nn.Module,
     teacher: nn.Module,
     prompts: Iterable[tuple[Tensor, Tensor]],
-    config: SamplingConfig,
+    decoding: Decoding,
     *,
-    eos_token_id: int | Sequence[int],
-    pad_token_id: int,
     samples: int = 10,
     seed: int = 0,
-    vocab_size: int | None = None,
     chunk_size: int | None = None,
 ) -> ExposureBias:
     """MiniLLM's ExAccErr curve of ``student`` against ``teacher`` over batches of prompts.
 
     Args:
-        student, teacher: causal LMs sharing a tokenizer (``vocab_size`` cuts padded vocabularies).
+        student, teacher: causal LMs sharing a tokenizer (``decoding.vocab_size`` cuts padded vocabularies).
         prompts: batches of ``(prompt_ids [B, P] left-padded, prompt_mask [B, P] bool)``.
-        config: sampling for both models' generations (MiniLLM: do_sample, top_p 1, temperature 1);
-            ``max_new_tokens`` is L, the length of the curves. Greedy decoding gives one
+        decoding: sampling and special ids for both models' generations (MiniLLM: do_sample, top_p 1,
+            temperature 1); ``decoding.sampling.max_new_tokens`` is L, the length of the curves. Greedy decoding gives one
             deterministic response per prompt (``samples`` then only repeats it).
         samples: responses per prompt and model.
         seed: the per-prompt sampling seeds are drawn from a generator seeded with it.
@@ -142,8 +134,7 @@ def exposure_bias(
             seeds = torch.randint(2**62, (samples, prompt_ids.size(0)), generator=seed_generator)
             curves.append(
                 accumulated_errors(
-                    generator, teacher, student, prompt_ids, prompt_mask, config, seeds=seeds,
-                    eos_token_id=eos_token_id, pad_token_id=pad_token_id, vocab_size=vocab_size, chunk_size=chunk_size,
+                    generator, teacher, student, prompt_ids, prompt_mask, decoding, seeds=seeds, chunk_size=chunk_size,
                 )
             )
     if not regrets:

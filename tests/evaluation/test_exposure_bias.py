@@ -12,7 +12,7 @@ from tiny_models import build_tiny_model
 from torch import nn
 
 from mgsr_lightning.evaluation.exposure_bias import ex_acc_err, exposure_bias
-from mgsr_lightning.generation import SamplingConfig
+from mgsr_lightning.generation import Decoding, SamplingConfig
 
 EOS, PAD, A, B = 0, 1, 2, 3
 NEVER = float("-inf")
@@ -53,7 +53,7 @@ def test_student_equal_to_teacher_has_no_error_and_zero_ex_acc_err():
     model = build_tiny_model("gpt2", 48)
     batch = (torch.randint(2, 48, (3, 5)), torch.ones(3, 5, dtype=torch.bool))
     result = exposure_bias(
-        model, model, [batch], SamplingConfig(max_new_tokens=6), eos_token_id=0, pad_token_id=1, samples=2
+        model, model, [batch], Decoding(SamplingConfig(max_new_tokens=6), 0, 1), samples=2
     )
     assert result.regret.shape == (6,) and result.prompts == 3
     assert (result.regret == 0).all() and (result.forced_error == 0).all() and (result.ex_acc_err == 0).all()
@@ -66,8 +66,7 @@ def test_an_error_independent_of_the_prefix_accumulates_without_excess():
     student = TableLM({token: [0.4, 0.6] for token in (A, B)})
     step = kl([0.7, 0.3], [0.4, 0.6])
     result = exposure_bias(
-        student, teacher, [prompts([A], [B, A, B])], SamplingConfig(max_new_tokens=5),
-        eos_token_id=EOS, pad_token_id=PAD, samples=3,
+        student, teacher, [prompts([A], [B, A, B])], Decoding(SamplingConfig(max_new_tokens=5), EOS, PAD), samples=3,
     )
     lengths = torch.arange(1, 6, dtype=torch.float32)
     torch.testing.assert_close(result.forced_error, step * lengths)
@@ -90,8 +89,8 @@ def test_greedy_bigram_curves_computed_by_hand():
     expected_regret = torch.tensor(free, dtype=torch.float64).cumsum(-1).mean(0)
 
     result = exposure_bias(
-        student, teacher, [prompts([A], [B])], SamplingConfig(do_sample=False, max_new_tokens=steps),
-        eos_token_id=EOS, pad_token_id=PAD, samples=1,
+        student, teacher, [prompts([A], [B])], Decoding(SamplingConfig(do_sample=False, max_new_tokens=steps), EOS, PAD),
+        samples=1,
     )
     torch.testing.assert_close(result.forced_error.double(), expected_forced, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(result.regret.double(), expected_regret, rtol=1e-5, atol=1e-6)
@@ -107,8 +106,8 @@ def test_steps_after_every_sample_ended_add_nothing():
     student = TableLM({A: [0.25, 0.25], B: [0.5, 0.5]})
     student.table.data[A, EOS] = math.log(0.5)
     result = exposure_bias(
-        student, teacher, [prompts([A])], SamplingConfig(do_sample=False, max_new_tokens=3),
-        eos_token_id=EOS, pad_token_id=PAD, samples=1,
+        student, teacher, [prompts([A])], Decoding(SamplingConfig(do_sample=False, max_new_tokens=3), EOS, PAD),
+        samples=1,
     )
     torch.testing.assert_close(result.regret, torch.full((3,), math.log(2)))
     torch.testing.assert_close(result.forced_error, math.log(2) * torch.arange(1.0, 4.0))
@@ -123,6 +122,6 @@ def test_ex_acc_err_of_zero_error_is_zero_and_of_excess_over_zero_is_infinite():
 def test_bad_arguments_raise():
     model = build_tiny_model("gpt2", 48)
     with pytest.raises(ValueError, match="samples"):
-        exposure_bias(model, model, [], SamplingConfig(), eos_token_id=0, pad_token_id=1, samples=0)
+        exposure_bias(model, model, [], Decoding(SamplingConfig(), 0, 1), samples=0)
     with pytest.raises(ValueError, match="at least one batch"):
-        exposure_bias(model, model, [], SamplingConfig(), eos_token_id=0, pad_token_id=1)
+        exposure_bias(model, model, [], Decoding(SamplingConfig(), 0, 1))
