@@ -195,18 +195,10 @@ class Objective:
         return span_correlation_loss(student_logits, teacher_logits, mask, spans=spans, relation=self.span.relation,
                                      chunk_size=self.span.chunk_size)
 
-    def __call__(
-        self,
-        sequences: Rollout,
-        student_logits: Tensor,
-        teacher_logits: Tensor | None,
-        ground_truth: Rollout | None = None,
-        ground_truth_logits: Tensor | None = None,
-        measure_gradients: bool = False,
-    ) -> tuple[Tensor, dict[str, Any]]:
-        """The weighted sum of the terms, and ``train/<term>`` of each with the terms' diagnostics."""
-        terms, diagnostics = self.terms(sequences, student_logits, teacher_logits, ground_truth, ground_truth_logits,
-                                        measure_gradients)
+    def __call__(self, *args, **kwargs) -> tuple[Tensor, dict[str, Any]]:
+        """The weighted sum of the terms, and ``train/<term>`` of each with the terms' diagnostics
+        (arguments as for :meth:`terms`)."""
+        terms, diagnostics = self.terms(*args, **kwargs)
         weights = self.weights
         loss = sum(weights[name] * value for name, value in terms.items())
         return loss, {f"train/{name}": value for name, value in terms.items()} | diagnostics
