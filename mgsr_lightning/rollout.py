@@ -1,8 +1,9 @@
 """The rollout step: fresh student responses to a batch's prompts, revised by SCRG when it is on.
 
 It returns the sequences together with what it computed on them: SCRG's teacher logits over
-exactly the final sequences (None when SCRG is off or its last round changed a row), its correction
-statistics and the step's timings, so the training step reuses them without hidden state.
+exactly the final sequences (None when SCRG is off), its correction statistics (the teacher's NLL
+before and after revision among them) and the step's timings, so the training step reuses them
+without hidden state.
 """
 
 from __future__ import annotations

@@ -11,13 +11,14 @@ import yaml
 from tiny_models import cli_overrides
 
 from mgsr_lightning.cli import load_config_text, run_cli
+from mgsr_lightning.scrg import ScrgConfig
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 PAIRS = {"tiny": "gpt2", "reason": "gpt2", "gpt2": "gpt2", "opt": "opt", "openllama2": "llama", "llama2": "llama"}
 RUNNABLE = sorted(p for pair in PAIRS for p in (CONFIGS / pair).glob("*.yaml") if p.stem != "base")
 EXPECTED_METHODS = {
     "sft", "kd", "seqkd", "rkl", "jsd", "tvd", "imitkd", "gkd", "distillm", "abkd", "mgsr", "mgsr_paper",
-    "mgsr_base", "mgsr_scrg", "mgsr_scrg_dac",
+    "mgsr_base", "mgsr_scrg", "mgsr_scrg_dac", "mgsr_scrg3", "mgsr_scrg5",
     "mgsr_scrg_on_policy", "mgsr_scrg_mixed", "mgsr_noscrg_on_policy", "mgsr_noscrg_mixed", "mgsr_noscrg_adaptive",
     "teacher",
 }
@@ -59,6 +60,8 @@ EXPECTED = {
     "abkd": (0.0, "ground_truth", "abkd", 0.0, "adaptive_off_policy", False),
     "mgsr": (1.0, "ground_truth", "dac_kl", 1.0, "adaptive_off_policy", True),
     "mgsr_paper": (1.0, "ground_truth", "dac_kl", 1.0, "adaptive_off_policy", True),
+    "mgsr_scrg3": (1.0, "ground_truth", "dac_kl", 1.0, "adaptive_off_policy", True),
+    "mgsr_scrg5": (1.0, "ground_truth", "dac_kl", 1.0, "adaptive_off_policy", True),
     "mgsr_scrg_on_policy": (1.0, "ground_truth", "dac_kl", 1.0, "on_policy", True),
     "mgsr_scrg_mixed": (1.0, "ground_truth", "dac_kl", 1.0, "mixed", True),
     "mgsr_noscrg_on_policy": (1.0, "ground_truth", "dac_kl", 1.0, "on_policy", False),
@@ -68,6 +71,7 @@ EXPECTED = {
 PARAMS = {"jsd": {"beta": 0.1}, "gkd": {"beta": 0.1}, "distillm": {"alpha": 0.1}, "abkd": {"alpha": 0.2, "beta": 0.7}}
 PAIR_PARAMS = {("openllama2", "abkd"): {"alpha": 0.1, "beta": 0.8}}  # ABKD's OpenLLaMA2 setting
 LMBDA = {"imitkd": 1.0, "gkd": 0.5, "mgsr_scrg_mixed": 0.5, "mgsr_noscrg_mixed": 0.5}
+N_CORRECTIONS = {"mgsr_scrg3": 3, "mgsr_scrg5": 5}  # every other method with SCRG: 1
 
 
 @pytest.mark.parametrize("path", RUNNABLE, ids=config_id)
@@ -86,6 +90,10 @@ def test_config_parses_to_its_method(path):
         assert init["distill"]["params"] == PAIR_PARAMS.get((path.parent.name, path.stem), PARAMS[path.stem])
     if path.stem in LMBDA:
         assert init["regime"]["lmbda"] == LMBDA[path.stem]
+    if scrg:
+        assert init["scrg"]["n_corrections"] == N_CORRECTIONS.get(path.stem, 1)
+        paper_criterion = path.stem == "mgsr_paper"
+        assert init["scrg"]["criterion"] == ("max_difference" if paper_criterion else ScrgConfig.criterion)
     if distill == "dac_kl":
         assert init["distill"]["params"]["mode"] == "learned"
         assert init["distill"]["params"]["variant"] == ("paper" if path.stem == "mgsr_paper" else "rest")
@@ -119,7 +127,10 @@ QUICK = [
 ]
 
 
-SCRG_METRICS = {"scrg/corrected_fraction", "scrg/mean_error_position", "scrg/mean_regenerated_tokens", "scrg/seconds"}
+SCRG_METRICS = {
+    "scrg/corrected_fraction", "scrg/mean_error_position", "scrg/mean_regenerated_tokens", "scrg/seconds",
+    "scrg/teacher_nll_before", "scrg/teacher_nll_after", "scrg/student_nll_before",
+}
 
 
 def run_fit(path: Path, assets, tmp_path):

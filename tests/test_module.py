@@ -135,10 +135,10 @@ def test_sft_term_uses_ground_truth_while_distilling_on_student_outputs(tiny_ass
     with torch.no_grad():
         step = module.student_outputs(ground_truth)
         fresh = step.sequences
-        assert step.teacher_logits is not None or step.metrics["scrg/corrected_fraction"] > 0
         teacher_logits = module.teacher_logits(fresh)
-        if step.teacher_logits is not None:  # SCRG's teacher logits are over exactly the revised sequences
-            torch.testing.assert_close(step.teacher_logits, teacher_logits)
+        torch.testing.assert_close(step.teacher_logits, teacher_logits)  # SCRG's: over exactly the revised sequences
+        teacher_nll = float(response_cross_entropy(teacher_logits, fresh))
+        assert step.metrics["scrg/teacher_nll_after"] == pytest.approx(teacher_nll, rel=1e-5)
         terms, _ = module.objective.terms(
             fresh, module.logits(module.student, fresh), teacher_logits, ground_truth,
             module.logits(module.student, ground_truth),

@@ -7,6 +7,8 @@ so every error position, teacher token and length edge is known in advance. The 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from tiny_models import build_tiny_model
@@ -25,7 +27,7 @@ from test_generation import (
 
 from mgsr_lightning.batch import Rollout
 from mgsr_lightning.generation import Decoding, SamplingConfig, response_logits, sample
-from mgsr_lightning.scrg import ScrgConfig, find_error_positions, revise
+from mgsr_lightning.scrg import ScrgConfig, find_error_positions, revise, token_nll
 from mgsr_lightning.seeding import derive_seeds, row_generators
 
 
@@ -33,6 +35,12 @@ def kl_float64(p_logits: torch.Tensor, q_logits: torch.Tensor) -> torch.Tensor:
     """KL(p‖q) over the last dim, in float64."""
     log_p, log_q = p_logits.double().log_softmax(-1), q_logits.double().log_softmax(-1)
     return (log_p.exp() * (log_p - log_q)).sum(-1)
+
+
+def nll_float64(logits: torch.Tensor, rollout: Rollout) -> float:
+    """The mean NLL per real response token of ``rollout`` under response-aligned ``logits``, in float64."""
+    log_probs = logits.detach().double().log_softmax(-1).gather(-1, rollout.response_ids[..., None]).squeeze(-1)
+    return float(-log_probs[rollout.response_mask].mean())
 
 
 def jsd_float64(p_logits: torch.Tensor, q_logits: torch.Tensor) -> torch.Tensor:
@@ -53,7 +61,7 @@ def test_error_is_the_largest_difference_among_mismatched_positions():
     response_ids = torch.tensor([[0, 1, 2], [0, 2, 1], [0, 2, 2]])
     response_mask = torch.tensor([[True, True, True], [True, True, True], [True, True, False]])
 
-    errors = find_error_positions(teacher, student, response_ids, response_mask)
+    errors = find_error_positions(teacher, student, response_ids, response_mask, criterion="max_difference")
 
     assert errors.has_error.tolist() == [True, False, False]
     assert errors.positions.tolist() == [2, 0, 0]
@@ -69,10 +77,11 @@ def test_start_excludes_earlier_positions_and_ties_go_to_the_earliest():
     response_ids = torch.zeros(1, 4, dtype=torch.long)  # mismatched everywhere, equal differences
     response_mask = torch.ones(1, 4, dtype=torch.bool)
 
-    assert find_error_positions(teacher, student, response_ids, response_mask).positions.item() == 0
-    later = find_error_positions(teacher, student, response_ids, response_mask, start=torch.tensor([2]))
+    paper = dict(criterion="max_difference")
+    assert find_error_positions(teacher, student, response_ids, response_mask, **paper).positions.item() == 0
+    later = find_error_positions(teacher, student, response_ids, response_mask, start=torch.tensor([2]), **paper)
     assert later.positions.item() == 2
-    none_left = find_error_positions(teacher, student, response_ids, response_mask, start=torch.tensor([4]))
+    none_left = find_error_positions(teacher, student, response_ids, response_mask, start=torch.tensor([4]), **paper)
     assert not none_left.has_error.item() and none_left.positions.item() == 0
 
 
@@ -89,7 +98,9 @@ def test_difference_switch_uses_the_named_divergence(difference, reference):
     response_ids = torch.randint(7, (2, 5))
     response_mask = torch.tensor([[True] * 5, [True, True, True, False, False]])
 
-    errors = find_error_positions(teacher, student, response_ids, response_mask, difference=difference)
+    errors = find_error_positions(
+        teacher, student, response_ids, response_mask, criterion="max_difference", difference=difference
+    )
 
     expected = reference(teacher, student)  # [2, 5]
     assert torch.allclose(errors.scores.double()[response_mask], expected[response_mask], atol=1e-5)
@@ -115,6 +126,7 @@ def test_sampled_teacher_tokens_use_per_row_generators():
             student[rows, :width],
             response_ids[rows, :width],
             response_mask[rows, :width],
+            criterion="max_difference",
             teacher_token="sample",
             generator=row_generators(row_seeds, torch.device("cpu")),
         )
@@ -134,9 +146,40 @@ def test_sampled_teacher_tokens_use_per_row_generators():
     certain[..., 7] = 50.0
     one_generator = torch.Generator().manual_seed(5)  # a single generator for the whole batch
     sampled = find_error_positions(
-        certain, student, response_ids, response_mask, teacher_token="sample", generator=one_generator
+        certain, student, response_ids, response_mask, criterion="max_difference", teacher_token="sample",
+        generator=one_generator,
     )
     assert (sampled.teacher_tokens[sampled.has_error] == 7).all()
+
+
+def test_first_unlikely_is_the_earliest_mismatch_the_teacher_finds_unlikely():
+    # V = 4, teacher argmax 3 everywhere. Student tokens' teacher probabilities: 0.48 (its argmax: no
+    # mismatch), then about 0.18, 0.045, 0.002 and 0.10.
+    teacher = torch.tensor([[[0.0, 0, 0, 1], [0, 0, 0, 1], [-1, 0, 0, 3], [-4, 0, 0, 2], [-1, 0, 0, 2]]])
+    student = torch.zeros(1, 5, 4)
+    response_ids = torch.tensor([[3, 2, 1, 0, 1]])
+    response_mask = torch.ones(1, 5, dtype=torch.bool)
+    teacher_probs = teacher.softmax(-1).gather(-1, response_ids[..., None]).squeeze(-1)[0]
+    assert teacher_probs[2] < 0.1 < teacher_probs[1] and teacher_probs[3] < teacher_probs[2]
+
+    def pick(criterion, **options):
+        return find_error_positions(teacher, student, response_ids, response_mask, criterion=criterion, **options)
+
+    first = pick("first_unlikely", unlikely_below=0.1)
+    assert first.positions.tolist() == [2] and first.teacher_tokens.tolist() == [3]
+    assert torch.allclose(first.scores.double(), -teacher_probs.double().log(), atol=1e-5)
+    assert pick("first_unlikely", unlikely_below=0.5).positions.tolist() == [1]
+    assert pick("first_unlikely", unlikely_below=0.1, start=torch.tensor([3])).positions.tolist() == [3]
+    assert not pick("first_unlikely", unlikely_below=0.1, start=torch.tensor([5])).has_error.item()
+    assert pick("first_unlikely").positions.tolist() == [3]  # the default threshold, 0.02
+    assert not pick("first_unlikely", unlikely_below=0.001).has_error.item()
+    assert pick("max_teacher_nll").positions.tolist() == [3]  # the least likely student token
+
+
+def test_token_nll_matches_float64():
+    logits, tokens = torch.randn(2, 3, 11), torch.randint(11, (2, 3))
+    reference = -logits.double().log_softmax(-1).gather(-1, tokens[..., None]).squeeze(-1)
+    assert torch.allclose(token_nll(logits, tokens).double(), reference, atol=1e-5)
 
 
 def test_vocabulary_mismatch_is_a_clear_error():
@@ -150,7 +193,11 @@ def test_vocabulary_mismatch_is_a_clear_error():
 
 
 def test_config_rejects_unknown_choices():
-    for bad in (dict(n_corrections=-1), dict(difference="tvd"), dict(teacher_token="beam")):
+    bad_choices = (
+        dict(n_corrections=-1), dict(difference="tvd"), dict(teacher_token="beam"), dict(criterion="last"),
+        dict(unlikely_below=0.0), dict(unlikely_below=1.5),
+    )
+    for bad in bad_choices:
         with pytest.raises(ValueError):
             ScrgConfig(**bad)
 
@@ -202,7 +249,10 @@ MAIN_TEACHER_ROWS = {
 }
 
 
-def run_revise(student, teacher, rollout, config=ScrgConfig(), sampling=EIGHT_TOKENS, seeds=None, **limits):
+PAPER = ScrgConfig(criterion="max_difference")  # the paper's reading: the largest difference among mismatches
+
+
+def run_revise(student, teacher, rollout, config=PAPER, sampling=EIGHT_TOKENS, seeds=None, **limits):
     """``revise`` with the tests' EOS/pad ids, ``limits`` (vocab_size, max_length) and, unless given, one seed per row."""
     seeds = torch.arange(rollout.batch_size) if seeds is None else seeds
     return revise(student, teacher, rollout, config, Decoding(sampling, **IDS, **limits), seeds=seeds)
@@ -212,13 +262,15 @@ def responses(result) -> list[list[int]]:
     return result.rollout.to_token_lists()[1]
 
 
-def score(student, teacher, rollout: Rollout):
+def score(student, teacher, rollout: Rollout, config: ScrgConfig = PAPER):
     """``find_error_positions`` on one teacher and one student forward over the rollout, as in round 1 of ``revise``."""
     return find_error_positions(
         response_logits(teacher, rollout),
         response_logits(student, rollout),
         rollout.response_ids,
         rollout.response_mask,
+        criterion=config.criterion,
+        unlikely_below=config.unlikely_below,
     )
 
 
@@ -239,21 +291,22 @@ def test_corrects_the_mismatch_with_the_largest_difference():
     assert result.stats["mean_error_position"] == 4.0
     assert result.stats["mean_regenerated_tokens"] == 3.0
     assert result.stats["seconds"] > 0
-    assert result.teacher_logits is None  # the final sequence was never scored
+    # The last round changed the row: one more teacher forward scores the final sequence.
+    assert torch.equal(result.teacher_logits, response_logits(teacher, result.rollout))
 
 
 def test_second_correction_comes_after_the_first():
     student, teacher = positional_pair(MAIN_TEACHER_ROWS)
     rollout = Rollout.from_token_lists([PROMPT], [STUDENT_ROLLOUT], pad_token_id=PAD)
 
-    two = run_revise(student, teacher, rollout, ScrgConfig(n_corrections=2))
+    two = run_revise(student, teacher, rollout, ScrgConfig(n_corrections=2, criterion="max_difference"))
     # Position 1 disagrees with a larger KL than position 6, but lies before the first correction.
     assert responses(two) == [[21, 22, 23, 24, 50, 26, 70, 28]]
     assert two.stats["mean_error_position"] == 5.0  # (4 + 6) / 2
     assert two.stats["mean_regenerated_tokens"] == 4.0  # 3 after position 4, then 1 after position 6
 
     # A third round finds nothing after position 6, so the teacher logits it computed are the final ones.
-    three = run_revise(student, teacher, rollout, ScrgConfig(n_corrections=3))
+    three = run_revise(student, teacher, rollout, ScrgConfig(n_corrections=3, criterion="max_difference"))
     assert responses(three) == responses(two)
     assert torch.equal(three.teacher_logits, response_logits(teacher, three.rollout))
 
@@ -284,13 +337,74 @@ def test_rows_without_a_mismatch_are_untouched():
     assert responses(mixed)[1] == teacher_argmax_response
     assert mixed.rollout.response_mask[1].all()
     assert mixed.stats["corrected_fraction"] == 0.5
-    assert mixed.teacher_logits is None
+    assert torch.equal(mixed.teacher_logits, response_logits(teacher, mixed.rollout))
 
     clean = batch.select(torch.tensor([1]))
     untouched = run_revise(student, teacher, clean)
     assert untouched.rollout is clean  # bit for bit: the very same tensors
     assert torch.equal(untouched.teacher_logits, response_logits(teacher, clean))
     assert untouched.stats["corrected_fraction"] == 0.0 and untouched.stats["mean_error_position"] == 0.0
+
+
+# Response index: 1 disagrees but keeps teacher probability 0.38 for the student token, 3 has 0.047,
+# 5 has 0.0025 (the largest difference and teacher NLL), 7 has 0.018.
+FIRST_UNLIKELY = ScrgConfig(criterion="first_unlikely", unlikely_below=0.1)
+UNLIKELY_TEACHER_ROWS = {
+    1: disagreeing(22, 60, 0.5),
+    3: disagreeing(24, 50, 3.0),
+    5: disagreeing(26, 70, 6.0),
+    7: disagreeing(28, 80, 4.0),
+}
+
+
+def test_first_unlikely_corrects_the_earliest_unlikely_token():
+    student, teacher = positional_pair(UNLIKELY_TEACHER_ROWS)
+    rollout = Rollout.from_token_lists([PROMPT], [STUDENT_ROLLOUT], pad_token_id=PAD)
+
+    first = run_revise(student, teacher, rollout, FIRST_UNLIKELY)
+    assert responses(first) == [[21, 22, 23, 50, 25, 26, 27, 28]]
+    assert first.stats["mean_error_position"] == 3.0 and first.stats["mean_regenerated_tokens"] == 4.0
+    default = run_revise(student, teacher, rollout, ScrgConfig())  # p < 0.02: position 3 is no error
+    assert responses(default) == [[21, 22, 23, 24, 25, 70, 27, 28]]
+
+    paper = run_revise(student, teacher, rollout, ScrgConfig(criterion="max_difference"))
+    assert responses(paper) == [[21, 22, 23, 24, 25, 70, 27, 28]]
+    least_likely = run_revise(student, teacher, rollout, ScrgConfig(criterion="max_teacher_nll"))
+    assert responses(least_likely) == responses(paper)
+
+
+@pytest.mark.parametrize("n_corrections", [3, 5])
+def test_several_corrections_come_at_increasing_positions(n_corrections):
+    student, teacher = positional_pair(UNLIKELY_TEACHER_ROWS)
+    rollout = Rollout.from_token_lists([PROMPT], [STUDENT_ROLLOUT], pad_token_id=PAD)
+
+    config = dataclasses.replace(FIRST_UNLIKELY, n_corrections=n_corrections)
+    result = run_revise(student, teacher, rollout, config)
+
+    # 3, then 5, then 7 (the last token of the budget: nothing re-generated); position 1 stays.
+    assert responses(result) == [[21, 22, 23, 50, 25, 70, 27, 80]]
+    assert result.stats["mean_error_position"] == 5.0
+    assert result.stats["mean_regenerated_tokens"] == 6.0  # 4 after position 3, 2 after 5, none after 7
+    assert torch.equal(result.teacher_logits, response_logits(teacher, result.rollout))
+
+
+@pytest.mark.parametrize("criterion", ["first_unlikely", "max_difference"])
+def test_teacher_nll_before_and_after_are_logged(criterion):
+    student, teacher = positional_pair(UNLIKELY_TEACHER_ROWS)
+    # Row 1 is shorter and padded, so the means are over real tokens only.
+    batch = Rollout.from_token_lists([PROMPT, PROMPT], [STUDENT_ROLLOUT, STUDENT_ROLLOUT[:5]], pad_token_id=PAD)
+
+    result = run_revise(student, teacher, batch, ScrgConfig(n_corrections=3, criterion=criterion))
+
+    stats = result.stats
+    assert stats["teacher_nll_before"] == pytest.approx(nll_float64(response_logits(teacher, batch), batch), abs=1e-5)
+    assert stats["student_nll_before"] == pytest.approx(nll_float64(response_logits(student, batch), batch), abs=1e-5)
+    after = nll_float64(response_logits(teacher, result.rollout), result.rollout)
+    assert stats["teacher_nll_after"] == pytest.approx(after, abs=1e-5)
+    assert stats["teacher_nll_after"] < stats["teacher_nll_before"]
+
+    off = run_revise(student, teacher, batch, ScrgConfig(n_corrections=0))
+    assert "teacher_nll_before" not in off.stats and "teacher_nll_after" not in off.stats
 
 
 def test_teacher_eos_ends_the_row():
@@ -365,14 +479,15 @@ def student_rollout(student, prompts, seeds, max_new_tokens=8, extra_padding=0) 
     return sample(student, *left_padded(prompts, extra_padding), Decoding(config, **IDS), seeds=seeds)
 
 
-def test_suffix_is_what_the_student_samples_after_the_corrected_prefix(random_pair):
+@pytest.mark.parametrize("config", [PAPER, ScrgConfig()], ids=["max_difference", "default"])
+def test_suffix_is_what_the_student_samples_after_the_corrected_prefix(random_pair, config):
     student, teacher = random_pair
     seeds = torch.tensor([10, 20, 30])
     rollout = student_rollout(student, PROMPTS, seeds)
-    errors = score(student, teacher, rollout)
+    errors = score(student, teacher, rollout, config)
     assert errors.has_error.all()
 
-    result = run_revise(student, teacher, rollout, seeds=seeds)
+    result = run_revise(student, teacher, rollout, config, seeds=seeds)
 
     prompts, original = rollout.to_token_lists()
     regeneration_seeds = derive_seeds(seeds, 0, "regenerate")
@@ -394,11 +509,15 @@ def test_suffix_is_what_the_student_samples_after_the_corrected_prefix(random_pa
         assert len(revised) <= EIGHT_TOKENS.max_new_tokens
 
 
-@pytest.mark.parametrize("teacher_token", ["argmax", "sample"])
-def test_batched_equals_row_by_row_with_any_padding(random_pair, teacher_token):
+@pytest.mark.parametrize(
+    ("criterion", "teacher_token"),
+    [("max_difference", "argmax"), ("max_difference", "sample"), ("first_unlikely", "argmax"),
+     ("first_unlikely", "sample"), ("max_teacher_nll", "argmax")],
+)
+def test_batched_equals_row_by_row_with_any_padding(random_pair, criterion, teacher_token):
     student, teacher = random_pair
     seeds = torch.tensor([7, 8, 9])
-    config = ScrgConfig(n_corrections=2, teacher_token=teacher_token)
+    config = ScrgConfig(n_corrections=3, criterion=criterion, teacher_token=teacher_token)
 
     batched = run_revise(student, teacher, student_rollout(student, PROMPTS, seeds), config, seeds=seeds)
     assert batched.stats["corrected_fraction"] > 0

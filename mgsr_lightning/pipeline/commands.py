@@ -44,7 +44,8 @@ METHOD_LABELS = {
     "imitkd": "ImitKD", "gkd": "GKD", "distillm": "DistiLLM", "abkd": "ABKD", "mgsr": "MGSR",
     "mgsr_paper": "MGSR (paper's reading)",
     "mgsr_base": "MGSR base (no SCRG/DAC-KL/span)", "mgsr_scrg": "MGSR base +SCRG",
-    "mgsr_scrg_dac": "MGSR base +SCRG +DAC-KL",
+    "mgsr_scrg_dac": "MGSR base +SCRG +DAC-KL", "mgsr_scrg3": "MGSR, 3 SCRG corrections",
+    "mgsr_scrg5": "MGSR, 5 SCRG corrections",
 }
 PAIR_SIZES = {"gpt2": "GPT-2 XL (1.5B) -> GPT-2 base (0.1B)", "opt": "OPT-6.7B -> OPT-1.3B",
               "openllama2": "OpenLLaMA2-7B -> OpenLLaMA2-3B", "llama2": "LLaMA2-13B -> LLaMA2-7B",
