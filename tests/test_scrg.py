@@ -27,7 +27,8 @@ from test_generation import (
 
 from mgsr_lightning.batch import Rollout
 from mgsr_lightning.generation import Decoding, SamplingConfig, response_logits, sample
-from mgsr_lightning.scrg import ScrgConfig, find_error_positions, revise, token_nll
+from mgsr_lightning.error_search import find_error_positions, token_nll
+from mgsr_lightning.scrg import ScrgConfig, revise
 from mgsr_lightning.seeding import derive_seeds, row_generators
 
 
