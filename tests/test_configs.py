@@ -58,15 +58,15 @@ EXPECTED = {
     "mgsr_scrg": (1.0, "ground_truth", "forward_kl", 0.0, "adaptive_off_policy", True),
     "mgsr_scrg_dac": (1.0, "ground_truth", "dac_kl", 0.0, "adaptive_off_policy", True),
     "abkd": (0.0, "ground_truth", "abkd", 0.0, "adaptive_off_policy", False),
-    "mgsr": (1.0, "ground_truth", "dac_kl", 1.0, "adaptive_off_policy", True),
+    "mgsr": (1.0, "ground_truth", "dac_kl", 0.1, "adaptive_off_policy", True),
     "mgsr_paper": (1.0, "ground_truth", "dac_kl", 1.0, "adaptive_off_policy", True),
-    "mgsr_scrg3": (1.0, "ground_truth", "dac_kl", 1.0, "adaptive_off_policy", True),
-    "mgsr_scrg5": (1.0, "ground_truth", "dac_kl", 1.0, "adaptive_off_policy", True),
-    "mgsr_scrg_on_policy": (1.0, "ground_truth", "dac_kl", 1.0, "on_policy", True),
-    "mgsr_scrg_mixed": (1.0, "ground_truth", "dac_kl", 1.0, "mixed", True),
-    "mgsr_noscrg_on_policy": (1.0, "ground_truth", "dac_kl", 1.0, "on_policy", False),
-    "mgsr_noscrg_mixed": (1.0, "ground_truth", "dac_kl", 1.0, "mixed", False),
-    "mgsr_noscrg_adaptive": (1.0, "ground_truth", "dac_kl", 1.0, "adaptive_off_policy", False),
+    "mgsr_scrg3": (1.0, "ground_truth", "dac_kl", 0.1, "adaptive_off_policy", True),
+    "mgsr_scrg5": (1.0, "ground_truth", "dac_kl", 0.1, "adaptive_off_policy", True),
+    "mgsr_scrg_on_policy": (1.0, "ground_truth", "dac_kl", 0.1, "on_policy", True),
+    "mgsr_scrg_mixed": (1.0, "ground_truth", "dac_kl", 0.1, "mixed", True),
+    "mgsr_noscrg_on_policy": (1.0, "ground_truth", "dac_kl", 0.1, "on_policy", False),
+    "mgsr_noscrg_mixed": (1.0, "ground_truth", "dac_kl", 0.1, "mixed", False),
+    "mgsr_noscrg_adaptive": (1.0, "ground_truth", "dac_kl", 0.1, "adaptive_off_policy", False),
 }
 PARAMS = {"jsd": {"beta": 0.1}, "gkd": {"beta": 0.1}, "distillm": {"alpha": 0.1}, "abkd": {"alpha": 0.2, "beta": 0.7}}
 PAIR_PARAMS = {("openllama2", "abkd"): {"alpha": 0.1, "beta": 0.8}}  # ABKD's OpenLLaMA2 setting
