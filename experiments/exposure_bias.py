@@ -19,20 +19,23 @@ from pathlib import Path
 
 import torch
 
-from mgsr_lightning.batch import pad_sequences
+from mgsr_lightning.data.collate import InstructionCollator
+from mgsr_lightning.data.datamodule import encode_records
 from mgsr_lightning.data.records import read_jsonl
-from mgsr_lightning.data.templates import render_prompt
 from mgsr_lightning.evaluation.exposure_bias import exposure_bias
 from mgsr_lightning.generation import Decoding, SamplingConfig
 from mgsr_lightning.tokenizer import load_tokenizer
 
 
 def prompt_batches(tokenizer, rows, template: str, batch_size: int, max_prompt_length: int):
-    """Left-padded (prompt_ids, prompt_mask) batches of the rows' rendered prompts."""
-    encoded = [tokenizer(render_prompt(row, template), add_special_tokens=False)["input_ids"][-max_prompt_length:]
-               for row in rows]
-    for start in range(0, len(encoded), batch_size):
-        yield pad_sequences(encoded[start:start + batch_size], tokenizer.pad_token_id, "left")
+    """Left-padded (prompt_ids, prompt_mask) batches, tokenised as in training and evaluation
+    (``encode_records``: the same template handling and long-prompt policy)."""
+    examples, _ = encode_records(rows, tokenizer, template=template, eos_token_id=tokenizer.eos_token_id,
+                                 max_length=None, max_prompt_length=max_prompt_length, name="exposure-bias prompts")
+    collate = InstructionCollator(tokenizer.pad_token_id)
+    for start in range(0, len(examples), batch_size):
+        batch = collate(examples[start:start + batch_size])
+        yield batch["prompt_ids"], batch["prompt_mask"]
 
 
 def main() -> None:
