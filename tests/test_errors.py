@@ -345,6 +345,9 @@ def test_training_step_is_reused_only_for_the_same_configuration(tmp_path):
     (tmp_path / "base.yaml").write_text("model: {lr: 2}\n")
     changed = fit_fingerprint(tmp_path / "kd.yaml", 0, {})
     assert len({first, changed, fit_fingerprint(tmp_path / "kd.yaml", 1, {})}) == 3
+    # a run started from another initialised student is another run; no overrides keeps old fingerprints
+    assert fit_fingerprint(tmp_path / "kd.yaml", 0, {}, ("--model.init_args.student.name_or_path=a",)) != changed
+    assert fit_fingerprint(tmp_path / "kd.yaml", 0, {}, ()) == changed
     with pytest.raises(ConfigError, match="holds a run trained with another configuration"):
         check_fit_fingerprint(run_dir, changed)
 

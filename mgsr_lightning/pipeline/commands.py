@@ -31,7 +31,7 @@ from mgsr_lightning.pipeline.checks import (
     check_fit_fingerprint, check_model_folder, check_pair_and_methods, eval_fingerprint, fit_fingerprint, stored_path,
     student_only_module,
 )
-from mgsr_lightning.pipeline.paths import REPO_ROOT, ROOT_ENVS, config_path, environment
+from mgsr_lightning.pipeline.paths import CONFIGS, REPO_ROOT, ROOT_ENVS, config_path, environment
 from mgsr_lightning.pipeline.tiny import prepare_tiny
 
 log = logging.getLogger(__name__)
@@ -55,12 +55,13 @@ PAIR_SIZES = {"gpt2": "GPT-2 XL (1.5B) -> GPT-2 base (0.1B)", "opt": "OPT-6.7B -
 EMBEDDED_EVAL = {"tiny": (24, 48), "reason": (72, 56)}
 
 
-def _fit(pair: str, method: str, run_dir: Path, seed: int, env: dict[str, str]) -> Path:
-    """Train ``configs/<pair>/<method>.yaml`` with ``seed`` into ``run_dir``; returns the exported student."""
+def _fit(pair: str, method: str, run_dir: Path, seed: int, env: dict[str, str], overrides: tuple[str, ...] = ()) -> Path:
+    """Train ``configs/<pair>/<method>.yaml`` with ``seed`` (and CLI ``overrides``) into ``run_dir``; returns
+    the exported student."""
     from mgsr_lightning.cli import run_cli
 
     export_dir = run_dir / "hf"
-    check_fit_fingerprint(run_dir, fit_fingerprint(config_path(pair, method), seed, env))
+    check_fit_fingerprint(run_dir, fit_fingerprint(config_path(pair, method), seed, env, overrides))
     if (export_dir / "config.json").is_file():
         log.info("%s/%s seed %d: already trained (%s)", pair, method, seed, export_dir)
         return export_dir
@@ -70,7 +71,7 @@ def _fit(pair: str, method: str, run_dir: Path, seed: int, env: dict[str, str]) 
     args = [
         "fit", "--config", str(config_path(pair, method)), f"--seed_everything={seed}",
         f"--trainer.default_root_dir={run_dir}", f"--trainer.logger.init_args.save_dir={run_dir}",
-        "--trainer.logger.init_args.name=logs", f"--model.init_args.export_dir={export_dir}",
+        "--trainer.logger.init_args.name=logs", f"--model.init_args.export_dir={export_dir}", *overrides,
     ]
     if last.is_file():
         args.append(f"--ckpt_path={last}")
@@ -81,6 +82,18 @@ def _fit(pair: str, method: str, run_dir: Path, seed: int, env: dict[str, str]) 
     atomic.write_text(run_dir / "train_seconds.txt", f"{time.perf_counter() - started:.1f}\n")
     del cli
     return export_dir
+
+
+def _initialised_student(pair: str, runs_root: Path, seed: int, env: dict[str, str]) -> tuple[str, ...]:
+    """Overrides that start a student from this seed's SFT-initialised checkpoint (``configs/<pair>/init.yaml``,
+    trained once per seed), or none when the pair has no init stage.
+
+    As DistiLLM, MiniLLM and MGSR distil: every method, SFT included, continues from the same
+    ``init`` student, so all of them get the same total number of steps."""
+    if not (CONFIGS / pair / "init.yaml").is_file():
+        return ()
+    init_dir = _fit(pair, "init", runs_root / "init" / f"seed{seed}", seed, env)
+    return (f"--model.init_args.student.name_or_path={init_dir.resolve()}", "--model.init_args.student.config=null")
 
 
 def _load(folder: Path, dtype: torch.dtype = torch.float32):
@@ -173,7 +186,7 @@ def reproduce(
     for method in methods:
         for seed in train_seeds:
             run_dir = runs_root / method / f"seed{seed}"
-            student = _fit(pair, method, run_dir, seed, env)
+            student = _fit(pair, method, run_dir, seed, env, _initialised_student(pair, runs_root, seed, env))
             timings[f"{method}/seed{seed}"] = (run_dir / "train_seconds.txt").read_text().strip() if (run_dir / "train_seconds.txt").is_file() else "?"
             runs.append(_evaluate(student, run_dir / "eval", METHOD_LABELS.get(method, method), eval_sets, eval_config))
     paths = write_report(runs, results, exact_match=embedded, title=f"ROUGE-L, {PAIR_SIZES.get(pair, pair)}")
