@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 PAPER_METHODS = ["sft", "kd", "seqkd", "imitkd", "gkd", "distillm", "mgsr"]
 TINY_METHODS = ["sft", "kd", "rkl", "jsd", "gkd", "imitkd", "distillm", "abkd", "mgsr_base", "mgsr_scrg", "mgsr_scrg_dac",
                 "mgsr", "mgsr_paper"]
+# the reason benchmark's default: the acceptance baselines, ABKD, MGSR and its Table 2 ablation
+REASON_METHODS = ["sft", "kd", "distillm", "abkd", "mgsr", "mgsr_base", "mgsr_scrg", "mgsr_scrg_dac"]
 METHOD_LABELS = {
     "teacher": "Teacher", "sft": "SFT", "kd": "KD", "seqkd": "SeqKD", "rkl": "RKL", "jsd": "JSD", "tvd": "TVD",
     "imitkd": "ImitKD", "gkd": "GKD", "distillm": "DistiLLM", "abkd": "ABKD", "mgsr": "MGSR",
@@ -50,7 +52,7 @@ METHOD_LABELS = {
 PAIR_SIZES = {"gpt2": "GPT-2 XL (1.5B) -> GPT-2 base (0.1B)", "opt": "OPT-6.7B -> OPT-1.3B",
               "openllama2": "OpenLLaMA2-7B -> OpenLLaMA2-3B", "llama2": "LLaMA2-13B -> LLaMA2-7B",
               "tiny": "tiny GPT-2 teacher -> tiny GPT-2 student (embedded task)",
-              "reason": "GPT-2-style 4x192 teacher -> 2x128 student (embedded multi-step task)"}
+              "reason": "GPT-2-style 4x256 teacher -> 2x128 student (embedded multi-step task)"}
 # embedded pairs: sampled response tokens and prompt cap of their evaluation (as their configs/<pair>/base.yaml)
 EMBEDDED_EVAL = {"tiny": (24, 48), "reason": (72, 56)}
 
@@ -159,7 +161,8 @@ def reproduce(
         pair: ``gpt2`` (GPT-2 XL → base), ``opt``, ``openllama2``, ``llama2``, ``tiny`` (the embedded
             default on a CPU, offline) or ``reason`` (the embedded multi-step benchmark, CPU, offline).
         methods: Config names under ``configs/<pair>/`` (default: the paper's Table 1 methods; for
-            ``tiny`` and ``reason``: the baselines and the Table 2 ablation).
+            ``tiny``: the baselines and the Table 2 ablation; for ``reason``: SFT, KD, DistiLLM, ABKD,
+            MGSR and the Table 2 ablation).
         train_seeds: Training seeds per method (default ``[10]``; tiny and reason: ``[0, 1, 2]``).
         results_dir: Where ``table.md``/``chart.png`` go (default ``experiments/results/<pair>``).
         data_source: Dolly-15k: a JSONL file or folder (default: the hub release).
@@ -169,7 +172,7 @@ def reproduce(
     check_pair_and_methods(pair, methods)
     validation.at_least("max_eval_examples", max_eval_examples, 1)
     embedded = pair in EMBEDDED_EVAL
-    methods = methods or (TINY_METHODS if embedded else PAPER_METHODS)
+    methods = methods or {"tiny": TINY_METHODS, "reason": REASON_METHODS}.get(pair, PAPER_METHODS)
     train_seeds = train_seeds or ([0, 1, 2] if embedded else [10])
     results = Path(results_dir) if results_dir else REPO_ROOT / "experiments" / "results" / pair
     validation.writable_folder("results_dir", results)
