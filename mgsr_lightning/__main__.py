@@ -1,7 +1,7 @@
 """``python -m mgsr_lightning <command>``.
 
 LightningCLI subcommands: ``fit``, ``validate``, ``test``, ``predict`` (``--config configs/...yaml``).
-Pipeline commands: ``prepare-tiny``, ``demo``, ``evaluate``, ``export``, ``reproduce``.
+Pipeline commands: ``prepare-tiny``, ``prepare-smollm2``, ``demo``, ``evaluate``, ``export``, ``reproduce``.
 
 A mistake in what was given (a path, a row, a value, a name, a checkpoint) or a full or read-only
 disk ends every command with one ``error: ...`` line and exit status 2; ``--debug`` (anywhere on
@@ -29,6 +29,7 @@ Training and evaluation through LightningCLI (every option documented in `<comma
 
 Pipelines:
   prepare-tiny  generate the embedded dataset, train its tokenizer and the tiny teacher (cached)
+  prepare-smollm2  convert SmolLM2-135M-Instruct's GGUF to a model folder and write the task's data (cached)
   demo          prepare-tiny, then train an SFT and an MGSR student and print a ROUGE-L table
   evaluate      ROUGE-L over sampling seeds for a saved model on evaluation sets
   export        turn a training checkpoint into a Hugging Face model folder
@@ -38,14 +39,15 @@ Run `python -m mgsr_lightning <command> --help` for the options of a command. Er
 given are reported in one line; --debug (or MGSR_DEBUG=1) shows the traceback.
 """
 LIGHTNING_COMMANDS = ("fit", "validate", "test", "predict")
-PIPELINE_COMMANDS = ("prepare-tiny", "demo", "evaluate", "export", "reproduce")
+PIPELINE_COMMANDS = ("prepare-tiny", "prepare-smollm2", "demo", "evaluate", "export", "reproduce")
 
 
 def _pipeline_commands():
     from mgsr_lightning.pipeline.commands import demo, evaluate, export, reproduce
+    from mgsr_lightning.pipeline.smollm2 import prepare_smollm2
     from mgsr_lightning.pipeline.tiny import prepare_tiny
 
-    return {"prepare-tiny": prepare_tiny, "demo": demo, "evaluate": evaluate, "export": export, "reproduce": reproduce}
+    return {"prepare-tiny": prepare_tiny, "prepare-smollm2": prepare_smollm2, "demo": demo, "evaluate": evaluate, "export": export, "reproduce": reproduce}
 
 
 def _run_pipeline(command: str, args: list[str]) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from transformers import GenerationConfig, PreTrainedModel
 
 from mgsr_lightning.atomic import atomic_folder
+from mgsr_lightning.models import merged_lora
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +30,13 @@ def export_student(
 
     The generation config records the EOS that ends a response and the pad token, so
     ``pipeline("text-generation", model=folder)`` stops where training taught the student to stop.
+
+    A LoRA student is saved with its adapters merged into the weights: a plain model of the base's
+    architecture, which loads without ``peft``.
     """
     folder = Path(folder)
+    if hasattr(student, "merge_and_unload"):  # LoRA: the adapters merged in, a plain model saved
+        student, state_dict = merged_lora(student, state_dict), None
     eos = eos_token_id if eos_token_id is not None else tokenizer.eos_token_id
     student.config.eos_token_id = eos
     student.config.pad_token_id = tokenizer.pad_token_id

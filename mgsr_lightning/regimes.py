@@ -75,6 +75,13 @@ class RegimeConfig:
             raise ValueError("lmbda and init_threshold are probabilities in [0, 1]")
 
 
+SAMPLING_REGIMES = ("on_policy", "mixed", "adaptive_off_policy")
+
+
+class NoStudentOutputsWarning(UserWarning):
+    """A run whose regime can train on student outputs never did (so SCRG, when on, never ran)."""
+
+
 @dataclass
 class TrainingSequences:
     """A step's training sequences, where they came from, and what the rollout step computed on them."""
@@ -93,6 +100,7 @@ class Regime:
         self.config = config
         self.pad_token_id = pad_token_id
         self.generator = torch.Generator().manual_seed(seed)
+        self.source_counts = {source: 0 for source in ("ground_truth", "fresh", "replay", "teacher")}
 
     def _uniform(self) -> float:
         return torch.rand((), generator=self.generator).item()
@@ -115,15 +123,34 @@ class Regime:
 
     def step_metrics(self, step: TrainingSequences) -> dict[str, Any]:
         """What to log of a step: the rollout step's metrics, ``source/<s>`` (1 for the step's source,
-        0 for the others) and ``regime/<k>`` of the regime's state."""
+        0 for the others) and ``regime/<k>`` of the regime's state. Called once per training step, it
+        also counts the steps of each source (``source_counts``)."""
+        self.source_counts[step.source] += 1
         sources = {f"source/{s}": float(s == step.source) for s in ("ground_truth", "fresh", "replay", "teacher")}
         return step.metrics | sources | {f"regime/{k}": v for k, v in self.metrics().items()}
 
+    def settings(self) -> str:
+        """What decides how often student outputs are used, for messages."""
+        return f"regime {self.config.name}"
+
+    def never_sampled_message(self, scrg_on: bool) -> str | None:
+        """A warning when the regime could have trained on student outputs but no step did, else None."""
+        steps = sum(self.source_counts.values())
+        if self.config.name not in SAMPLING_REGIMES or steps == 0 or self.source_counts["fresh"] > 0:
+            return None
+        return (
+            f"no training step used student-generated sequences in {steps} steps ({self.settings()})"
+            + ("; SCRG never ran" if scrg_on else "")
+            + ": this run trained on ground truth only. For short runs raise the probability "
+            "(model.init_args.regime.init_threshold for adaptive_off_policy, regime.lmbda for mixed) or train longer."
+        )
+
     def state_dict(self) -> dict[str, Any]:
-        return {"generator": self.generator.get_state()}
+        return {"generator": self.generator.get_state(), "source_counts": dict(self.source_counts)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.generator.set_state(state["generator"])
+        self.source_counts.update(state.get("source_counts", {}))  # absent in older checkpoints
 
 
 class OnPolicy(Regime):
@@ -132,6 +159,9 @@ class OnPolicy(Regime):
 
 
 class Mixed(Regime):
+    def settings(self) -> str:
+        return f"regime mixed, lmbda {self.config.lmbda:g}"
+
     def training_sequences(self, batch, ground_truth, fresh, progress):
         if self._uniform() < self.config.lmbda:
             return fresh()
@@ -167,6 +197,10 @@ class AdaptiveOffPolicy(Regime):
             replayed = Rollout.from_token_lists(prompts, responses, pad_token_id=self.pad_token_id, device=ground_truth.device)
             return TrainingSequences(replayed, "replay")
         return TrainingSequences(ground_truth, "ground_truth")
+
+    def settings(self) -> str:
+        return (f"regime adaptive_off_policy, threshold {self.config.init_threshold:g} at the start and "
+                f"{self.threshold:g} at the end")
 
     def on_validation_loss(self, loss: float) -> None:
         if self.previous_val_loss is not None and loss >= self.previous_val_loss + self.config.loss_eps:

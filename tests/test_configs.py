@@ -14,7 +14,8 @@ from mgsr_lightning.cli import load_config_text, run_cli
 from mgsr_lightning.scrg import ScrgConfig
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-PAIRS = {"tiny": "gpt2", "reason": "gpt2", "gpt2": "gpt2", "opt": "opt", "openllama2": "llama", "llama2": "llama"}
+PAIRS = {"tiny": "gpt2", "reason": "gpt2", "gpt2": "gpt2", "opt": "opt", "openllama2": "llama", "llama2": "llama",
+         "smollm2": "llama"}
 RUNNABLE = sorted(p for pair in PAIRS for p in (CONFIGS / pair).glob("*.yaml") if p.stem != "base")
 EXPECTED_METHODS = {
     "sft", "kd", "seqkd", "rkl", "jsd", "tvd", "imitkd", "gkd", "distillm", "abkd", "mgsr", "mgsr_paper",
@@ -168,3 +169,34 @@ def test_config_fits_two_steps(path, tiny_assets, tmp_path):
 @pytest.mark.parametrize("path", [p for p in RUNNABLE if p not in QUICK], ids=config_id)
 def test_config_fits_two_steps_all_pairs(path, tiny_assets, tmp_path):
     run_fit(path, tiny_assets, tmp_path)
+
+
+def resolved_with(*paths: Path) -> dict:
+    buffer = io.StringIO()
+    args = ["fit"] + [arg for path in paths for arg in ("--config", str(path))] + ["--print_config"]
+    with contextlib.redirect_stdout(buffer), pytest.raises(SystemExit):
+        run_cli(args)
+    return yaml.safe_load(buffer.getvalue())
+
+
+@pytest.mark.parametrize("pair", sorted(PAIRS))
+@pytest.mark.parametrize("method", ["sft", "mgsr"])
+def test_cpu_preset_turns_any_pair_into_a_cpu_run(pair, method):
+    plain = resolved_with(CONFIGS / pair / f"{method}.yaml")
+    config = resolved_with(CONFIGS / pair / f"{method}.yaml", CONFIGS / "common" / "cpu.yaml")
+    trainer, init = config["trainer"], config["model"]["init_args"]
+    assert (trainer["accelerator"], trainer["devices"], trainer["strategy"], trainer["precision"]) == ("cpu", 1, "auto", "32-true")
+    assert config["data"]["batch_size"] == 4
+    if method == "sft":
+        assert init["teacher"] is None or init["teacher"]["name_or_path"] is None  # dtype only: no teacher
+    else:
+        assert init["teacher"]["dtype"] == "float32"
+        assert init["teacher"]["name_or_path"] == plain["model"]["init_args"]["teacher"]["name_or_path"]
+    assert init["regime"] == plain["model"]["init_args"]["regime"] and init["distill"] == plain["model"]["init_args"]["distill"]
+
+
+def test_smollm2_student_is_cut_from_the_teacher():
+    init = resolved_config(CONFIGS / "smollm2" / "mgsr.yaml")["model"]["init_args"]
+    assert init["student"]["name_or_path"] == init["teacher"]["name_or_path"]
+    assert init["student"]["keep_layers"] == 6 and init["teacher"]["keep_layers"] is None
+    assert init["regime"]["init_threshold"] == 0.2

@@ -217,3 +217,33 @@ def test_test_and_predict_commands_score_the_whole_test_split_alike(tiny_assets,
     assert float(metrics["test/rougeL"]) == pytest.approx(expected_rouge, rel=1e-5)
     assert float(metrics["test/exact_match"]) == pytest.approx(expected_em, rel=1e-5)
     assert 0.0 < float(metrics["test/loss"]) < 20.0
+
+
+def test_a_run_that_never_trained_on_student_outputs_says_so(tiny_assets, tmp_path):
+    """Threshold 0: the adaptive scheduler never samples, so SCRG never runs; the end of fit says so
+    with the threshold used. Threshold 1: every step samples and nothing is said."""
+    from mgsr_lightning.regimes import NoStudentOutputsWarning
+
+    with pytest.warns(NoStudentOutputsWarning, match=r"in 2 steps \(regime adaptive_off_policy, threshold 0 at the "
+                      r"start and 0 at the end\); SCRG never ran") as caught:
+        cli = fit("mgsr", tiny_assets, tmp_path / "never", "--model.init_args.regime.init_threshold=0.0")
+    assert cli.model.regime.source_counts["fresh"] == 0 and cli.model.regime.source_counts["ground_truth"] == 2
+    assert len([w for w in caught if w.category is NoStudentOutputsWarning]) == 1
+    import warnings
+
+    with warnings.catch_warnings(record=True) as recorded:
+        warnings.simplefilter("always")
+        sampled = fit("mgsr", tiny_assets, tmp_path / "always", "--model.init_args.regime.init_threshold=1.0")
+    assert sampled.model.regime.source_counts["fresh"] == 2
+    assert not [w for w in recorded if issubclass(w.category, NoStudentOutputsWarning)]
+
+
+def test_kd_on_ground_truth_never_warns_about_student_outputs(tiny_assets, tmp_path):
+    import warnings
+
+    from mgsr_lightning.regimes import NoStudentOutputsWarning
+
+    with warnings.catch_warnings(record=True) as recorded:
+        warnings.simplefilter("always")
+        fit("kd", tiny_assets, tmp_path / "kd")
+    assert not [w for w in recorded if issubclass(w.category, NoStudentOutputsWarning)]

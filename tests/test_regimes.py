@@ -138,3 +138,28 @@ def test_teacher_cache_is_built_once_reused_and_rebuilt_for_other_prompts(tmp_pa
     assert step.sequences.to_token_lists() == ([[7, 13], [7, 11]], [[53, 63], [51, 61]])
     with pytest.raises(RuntimeError, match=r"no cached teacher response for training examples \[9\]"):
         other.training_sequences({"example_index": torch.tensor([9, 1])}, gt, FreshCounter(), 0.0)
+
+
+def steps(regime, n: int) -> None:
+    """``n`` training steps as the module runs them: choose the sequences, then log the step."""
+    gt = rollout([[1, 2], [3]])
+    for _ in range(n):
+        regime.step_metrics(regime.training_sequences({}, gt, FreshCounter(), 0.0))
+
+
+def test_never_sampled_message_names_the_regime_setting_and_scrg():
+    mixed = build_regime(RegimeConfig(name="mixed", lmbda=0.0), pad_token_id=0)
+    steps(mixed, 3)
+    assert mixed.source_counts["ground_truth"] == 3
+    message = mixed.never_sampled_message(scrg_on=False)
+    assert "in 3 steps (regime mixed, lmbda 0)" in message and "SCRG" not in message
+    assert "SCRG never ran" in mixed.never_sampled_message(scrg_on=True)
+    fresh = build_regime(RegimeConfig(name="on_policy"), pad_token_id=0)
+    steps(fresh, 1)
+    assert fresh.never_sampled_message(scrg_on=True) is None
+    ground_truth = build_regime(RegimeConfig(name="ground_truth"), pad_token_id=0)
+    steps(ground_truth, 2)
+    assert ground_truth.never_sampled_message(scrg_on=True) is None  # cannot sample: nothing to say
+    restored = build_regime(RegimeConfig(name="mixed", lmbda=0.0), pad_token_id=0)
+    restored.load_state_dict(mixed.state_dict())
+    assert restored.source_counts == mixed.source_counts

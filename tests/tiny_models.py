@@ -44,7 +44,7 @@ def cli_overrides(assets, family: str = "gpt2", run_dir=None, with_teacher: bool
     """Command-line overrides that point any config at ``tiny_assets`` and a CPU, for 2 quick steps."""
     data = assets["data"]
     models = assets["models"][family]
-    args = [f'--model.init_args.student={{"name_or_path": "{models["student"]}", "config": null}}']
+    args = [f'--model.init_args.student={{"name_or_path": "{models["student"]}", "config": null, "keep_layers": null}}']
     if with_teacher:
         args.append(f'--model.init_args.teacher={{"name_or_path": "{models["teacher"]}", "dtype": "float32"}}')
     args += [
