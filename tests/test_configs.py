@@ -200,3 +200,19 @@ def test_smollm2_student_is_cut_from_the_teacher():
     assert init["student"]["name_or_path"] == init["teacher"]["name_or_path"]
     assert init["student"]["keep_layers"] == 6 and init["teacher"]["keep_layers"] is None
     assert init["regime"]["init_threshold"] == 0.2
+
+
+def test_reason_students_start_from_the_sft_initialised_student(monkeypatch, tmp_path):
+    from mgsr_lightning.pipeline import commands
+
+    trained = []
+    monkeypatch.setattr(commands, "_fit", lambda pair, method, run_dir, seed, env: trained.append((method, run_dir, seed)) or run_dir / "hf")
+    overrides = commands._initialised_student("reason", tmp_path, 1, {})
+    assert trained == [("init", tmp_path / "init" / "seed1", 1)]
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer), pytest.raises(SystemExit):
+        run_cli(["fit", "--config", str(CONFIGS / "reason" / "kd.yaml"), *overrides, "--print_config"])
+    student = yaml.safe_load(buffer.getvalue())["model"]["init_args"]["student"]
+    assert student["name_or_path"] == str((tmp_path / "init" / "seed1" / "hf").resolve())
+    assert student["config"] is None  # the init student's weights, not a fresh model from the base config
+    assert commands._initialised_student("tiny", tmp_path, 1, {}) == ()  # no init stage: from scratch

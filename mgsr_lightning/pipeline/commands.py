@@ -95,7 +95,9 @@ def _initialised_student(pair: str, runs_root: Path, seed: int, env: dict[str, s
     if not (CONFIGS / pair / "init.yaml").is_file():
         return ()
     init_dir = _fit(pair, "init", runs_root / "init" / f"seed{seed}", seed, env)
-    return (f"--model.init_args.student.name_or_path={init_dir.resolve()}", "--model.init_args.student.config=null")
+    # one JSON value: jsonargparse reads a nested ``...student.config=null`` as the string "None"
+    student = json.dumps({"name_or_path": str(init_dir.resolve()), "config": None})
+    return (f"--model.init_args.student={student}",)
 
 
 def _load(folder: Path, dtype: torch.dtype = torch.float32):
