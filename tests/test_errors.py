@@ -135,6 +135,14 @@ def test_unknown_top_level_key_in_a_config_file(tmp_path, capsys):
     assert f"{config} is not valid YAML (line 2, column 1): expected the node content" in line
 
 
+def test_a_value_of_the_wrong_type_names_the_key_and_the_types_it_takes(capsys):
+    base = ["fit", "--config", str(KD_CONFIG), "--print_config"]
+    line = error_line(base + ["--model.init_args.student.config=3"], capsys)
+    assert "model.init_args.student.config: expected dict[str, Any] or null, got '3'" in line
+    line = error_line(base + ["--model.init_args.student.config=null"], capsys)
+    assert """give its parent one JSON value: --model.init_args.student='{"config": null, ...}'""" in line
+
+
 # ---- rows ----------------------------------------------------------------------------------------
 
 GOOD_ROW = json.dumps({"instruction": "Add 1 and 2.", "input": "", "output": "3"}) + "\n"
@@ -220,7 +228,7 @@ def test_export_and_resume_refuse_missing_corrupt_and_foreign_checkpoints(tmp_pa
 
 
 @pytest.mark.parametrize("args, expected", [
-    (["reproduce", "--pair", "gpt3"], "unknown pair 'gpt3'; pairs: gpt2, llama2, openllama2, opt, reason, tiny"),
+    (["reproduce", "--pair", "gpt3"], "unknown pair 'gpt3'; pairs: gpt2, llama2, openllama2, opt, reason, smollm2, tiny"),
     (["reproduce", "--pair", "tiny", "--methods", "[kd, mgsr_full]"], "unknown method 'mgsr_full' for pair 'tiny'; methods: "),
     (["reproduce", "--pair", "tiny", "--max_eval_examples", "0"], "max_eval_examples must be >= 1, got 0"),
     (["demo", "--method", "mgsr2"], "unknown method 'mgsr2' for pair 'tiny'"),
