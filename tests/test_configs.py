@@ -216,3 +216,10 @@ def test_reason_students_start_from_the_sft_initialised_student(monkeypatch, tmp
     assert student["name_or_path"] == str((tmp_path / "init" / "seed1" / "hf").resolve())
     assert student["config"] is None  # the init student's weights, not a fresh model from the base config
     assert commands._initialised_student("tiny", tmp_path, 1, {}) == ()  # no init stage: from scratch
+
+
+def test_reason_students_see_a_subset_of_the_teachers_data():
+    teacher = resolved_config(CONFIGS / "reason" / "teacher.yaml")["data"]["train_data"]
+    for method in ("init", "sft", "kd", "mgsr"):
+        student = resolved_config(CONFIGS / "reason" / f"{method}.yaml")["data"]["train_data"]
+        assert student.endswith("data/student_train.jsonl") and teacher.endswith("data/train.jsonl"), method

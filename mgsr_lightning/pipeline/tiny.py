@@ -28,6 +28,10 @@ EMBEDDED = {
     "tiny": (write_tiny_dataset, DEFAULT_SIZES, 1024, 128),
     "reason": (write_reason_dataset, {"train": 30000, "validation": 200, "test": 240}, 2048, 256),
 }
+# pairs whose students see only the first N training rows (data/student_train.jsonl) while the teacher
+# sees them all: the labelled data of the students is small, as in DistiLLM's and MiniLLM's setting
+# (Dolly's 14k rows, many epochs), which is where a teacher's soft targets add to the ground truth
+STUDENT_TRAIN_ROWS = {"reason": 3000}
 
 
 def fit_config(pair: str, method: str, root: Path, *overrides: str) -> None:
@@ -75,6 +79,11 @@ def prepare_tiny(
         requested = {"train": train_size, "validation": validation_size, "test": test_size}
         write_dataset(data_dir, {split: requested[split] or sizes[split] for split in sizes}, seed)
         log.info("wrote the %s dataset to %s", pair, data_dir)
+    if pair in STUDENT_TRAIN_ROWS and (force or not (data_dir / "student_train.jsonl").is_file()):
+        with open(data_dir / "train.jsonl", encoding="utf-8") as rows:
+            head = [line for _, line in zip(range(STUDENT_TRAIN_ROWS[pair]), rows)]
+        (data_dir / "student_train.jsonl").write_text("".join(head), encoding="utf-8")
+        log.info("wrote the students' %d training rows to %s", len(head), data_dir / "student_train.jsonl")
     if force or not (tokenizer_dir / "tokenizer.json").is_file():
         records = read_jsonl(data_dir / "train.jsonl")
         texts = [render_prompt(r, "alpaca") + r["output"] for r in records]
