@@ -152,6 +152,7 @@ def condense_parser_error(message: str, options_under: Callable[[str], list[str]
 
     path: list[str] = []
     last_class: str | None = None
+    union: str | None = None
     for line in lines:
         key = re.match(r'Parser key "([^"]+)":\s*(.*)', line)
         if key:
@@ -180,6 +181,19 @@ def condense_parser_error(message: str, options_under: Callable[[str], list[str]
                 return _unknown_parser_key(key, options_under)
             options, _ = _class_options(last_class) if last_class else ([], False)
             return _options_line(key, options, last_class.rpartition(".")[2] if last_class else ".".join(path))
+        subtypes = re.match(r"Subtypes: \[(.*)\]", line)
+        if subtypes and path:  # a union (e.g. `dict | None`): say which types it takes
+            names = [_type_name(t) for t in re.split(r", (?![^\[]*\])", subtypes.group(1))]
+            union = " or ".join("null" if name == "NoneType" else name for name in names)
+            continue
+        given = re.match(r"Given value: (.*)", line)
+        if given and path and union:
+            key = ".".join(path)
+            hint = ""
+            if given.group(1) == "None":  # jsonargparse reads a nested `--a.b=null` as the string "None"
+                parent, _, leaf = key.rpartition(".")
+                hint = f"; to unset it from the command line, give its parent one JSON value: --{parent}='{{\"{leaf}\": null, ...}}'"
+            return f"{key}: expected {union}, got {given.group(1)!r}{hint}"
         expected = re.match(r"(?:- )?Expected a (.+)\. Got value: (.*)", line)
         if expected and expected.group(2) == "None" and path:
             return f"{'.'.join(path)} is required"

@@ -32,7 +32,9 @@ def config_id(path: Path) -> str:
 def test_every_pair_has_every_method():
     assert RUNNABLE, "no configs found"
     for pair in PAIRS:
-        assert {p.stem for p in (CONFIGS / pair).glob("*.yaml")} == EXPECTED_METHODS | {"base"}, pair
+        # the reason benchmark also has the SFT-initialised student every method starts from
+        extra = {"base", "init"} if pair == "reason" else {"base"}
+        assert {p.stem for p in (CONFIGS / pair).glob("*.yaml")} == EXPECTED_METHODS | extra, pair
 
 
 def resolved_config(path: Path) -> dict:
@@ -47,6 +49,7 @@ def resolved_config(path: Path) -> dict:
 EXPECTED = {
     "teacher": (1.0, "ground_truth", None, 0.0, "ground_truth", False),
     "sft": (1.0, "ground_truth", None, 0.0, "ground_truth", False),
+    "init": (1.0, "ground_truth", None, 0.0, "ground_truth", False),
     "kd": (0.0, "ground_truth", "forward_kl", 0.0, "ground_truth", False),
     "rkl": (0.0, "ground_truth", "reverse_kl", 0.0, "ground_truth", False),
     "jsd": (0.0, "ground_truth", "generalized_jsd", 0.0, "ground_truth", False),
@@ -86,7 +89,7 @@ def test_config_parses_to_its_method(path):
     assert init["span"]["weight"] == span_weight
     assert init["regime"]["name"] == regime
     assert (init["scrg"] is not None) == scrg
-    assert (init["teacher"] is None) == (path.stem in ("sft", "teacher"))
+    assert (init["teacher"] is None) == (path.stem in ("sft", "teacher", "init"))
     if path.stem in PARAMS:
         assert init["distill"]["params"] == PAIR_PARAMS.get((path.parent.name, path.stem), PARAMS[path.stem])
     if path.stem in LMBDA:
@@ -136,7 +139,7 @@ SCRG_METRICS = {
 
 def run_fit(path: Path, assets, tmp_path):
     family = PAIRS[path.parent.name]
-    overrides = cli_overrides(assets, family, tmp_path / "run", with_teacher=path.stem not in ("sft", "teacher"))
+    overrides = cli_overrides(assets, family, tmp_path / "run", with_teacher=path.stem not in ("sft", "teacher", "init"))
     _, _, _, _, regime, scrg = EXPECTED[path.stem]
     if regime == "adaptive_off_policy":
         # a threshold of 1 makes both steps sample (the buffer is far from full), so the student
@@ -197,3 +200,19 @@ def test_smollm2_student_is_cut_from_the_teacher():
     assert init["student"]["name_or_path"] == init["teacher"]["name_or_path"]
     assert init["student"]["keep_layers"] == 6 and init["teacher"]["keep_layers"] is None
     assert init["regime"]["init_threshold"] == 0.2
+
+
+def test_reason_students_start_from_the_sft_initialised_student(monkeypatch, tmp_path):
+    from mgsr_lightning.pipeline import commands
+
+    trained = []
+    monkeypatch.setattr(commands, "_fit", lambda pair, method, run_dir, seed, env: trained.append((method, run_dir, seed)) or run_dir / "hf")
+    overrides = commands._initialised_student("reason", tmp_path, 1, {})
+    assert trained == [("init", tmp_path / "init" / "seed1", 1)]
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer), pytest.raises(SystemExit):
+        run_cli(["fit", "--config", str(CONFIGS / "reason" / "kd.yaml"), *overrides, "--print_config"])
+    student = yaml.safe_load(buffer.getvalue())["model"]["init_args"]["student"]
+    assert student["name_or_path"] == str((tmp_path / "init" / "seed1" / "hf").resolve())
+    assert student["config"] is None  # the init student's weights, not a fresh model from the base config
+    assert commands._initialised_student("tiny", tmp_path, 1, {}) == ()  # no init stage: from scratch

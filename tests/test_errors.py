@@ -135,6 +135,14 @@ def test_unknown_top_level_key_in_a_config_file(tmp_path, capsys):
     assert f"{config} is not valid YAML (line 2, column 1): expected the node content" in line
 
 
+def test_a_value_of_the_wrong_type_names_the_key_and_the_types_it_takes(capsys):
+    base = ["fit", "--config", str(KD_CONFIG), "--print_config"]
+    line = error_line(base + ["--model.init_args.student.config=3"], capsys)
+    assert "model.init_args.student.config: expected dict[str, Any] or null, got '3'" in line
+    line = error_line(base + ["--model.init_args.student.config=null"], capsys)
+    assert """give its parent one JSON value: --model.init_args.student='{"config": null, ...}'""" in line
+
+
 # ---- rows ----------------------------------------------------------------------------------------
 
 GOOD_ROW = json.dumps({"instruction": "Add 1 and 2.", "input": "", "output": "3"}) + "\n"
@@ -345,6 +353,9 @@ def test_training_step_is_reused_only_for_the_same_configuration(tmp_path):
     (tmp_path / "base.yaml").write_text("model: {lr: 2}\n")
     changed = fit_fingerprint(tmp_path / "kd.yaml", 0, {})
     assert len({first, changed, fit_fingerprint(tmp_path / "kd.yaml", 1, {})}) == 3
+    # a run started from another initialised student is another run; no overrides keeps old fingerprints
+    assert fit_fingerprint(tmp_path / "kd.yaml", 0, {}, ("--model.init_args.student.name_or_path=a",)) != changed
+    assert fit_fingerprint(tmp_path / "kd.yaml", 0, {}, ()) == changed
     with pytest.raises(ConfigError, match="holds a run trained with another configuration"):
         check_fit_fingerprint(run_dir, changed)
 

@@ -37,9 +37,12 @@ def _config_texts(path: Path, seen: tuple[Path, ...] = ()) -> list[str]:
     return texts + [text]
 
 
-def fit_fingerprint(config: Path, seed: int, env: dict[str, str]) -> str:
-    """Hash of what decides a ``reproduce`` training run: its composed config files, seed and environment."""
+def fit_fingerprint(config: Path, seed: int, env: dict[str, str], overrides: tuple[str, ...] = ()) -> str:
+    """Hash of what decides a ``reproduce`` training run: its composed config files, seed, environment and
+    command-line overrides (such as the SFT-initialised student it starts from)."""
     payload = {"configs": _config_texts(config), "seed": seed, "env": env}
+    if overrides:
+        payload["overrides"] = list(overrides)
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
@@ -61,7 +64,7 @@ def check_pair_and_methods(pair: str, methods: list[str] | None) -> None:
     pairs = sorted(p.name for p in CONFIGS.iterdir() if (p / "base.yaml").is_file())
     if pair not in pairs:
         raise ConfigError(f"unknown pair {pair!r}; pairs: {', '.join(pairs)}")
-    known = sorted(p.stem for p in (CONFIGS / pair).glob("*.yaml") if p.stem not in ("base", "teacher"))
+    known = sorted(p.stem for p in (CONFIGS / pair).glob("*.yaml") if p.stem not in ("base", "teacher", "init"))
     unknown = [method for method in methods or [] if method not in known]
     if unknown:
         raise ConfigError(f"unknown method{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} for pair "

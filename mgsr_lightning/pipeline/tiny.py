@@ -26,7 +26,7 @@ DEFAULT_SIZES = {"train": 20000, "validation": 200, "test": 400}
 # per embedded pair: its data writer, default sizes, BPE vocabulary and the tokenizer's model_max_length
 EMBEDDED = {
     "tiny": (write_tiny_dataset, DEFAULT_SIZES, 1024, 128),
-    "reason": (write_reason_dataset, {"train": 8000, "validation": 200, "test": 240}, 2048, 256),
+    "reason": (write_reason_dataset, {"train": 30000, "validation": 200, "test": 240}, 2048, 256),
 }
 
 
