@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
+from typing import Any
 
 from transformers import GenerationConfig, PreTrainedModel
 
 from mgsr_lightning.atomic import atomic_folder
 
 log = logging.getLogger(__name__)
+
+# beside an exported model: how it was trained to be prompted, so `evaluate` prompts it the same way
+TRAINING_SETTINGS = "mgsr_training.json"
 
 
 def export_student(
@@ -18,6 +23,7 @@ def export_student(
     folder: str | Path,
     eos_token_id: int | None = None,
     state_dict: dict | None = None,
+    training_settings: dict[str, Any] | None = None,
 ) -> Path:
     """``save_pretrained`` the student and its tokenizer into ``folder``.
 
@@ -29,6 +35,8 @@ def export_student(
 
     The generation config records the EOS that ends a response and the pad token, so
     ``pipeline("text-generation", model=folder)`` stops where training taught the student to stop.
+    ``training_settings`` (the prompt template, length limits and data of the run; see
+    :func:`training_settings`) are written to ``mgsr_training.json``, where ``evaluate`` finds them.
     """
     folder = Path(folder)
     eos = eos_token_id if eos_token_id is not None else tokenizer.eos_token_id
@@ -38,5 +46,16 @@ def export_student(
     with atomic_folder(folder) as temporary:  # config.json, the mark of a complete folder, arrives last
         student.save_pretrained(temporary, state_dict=state_dict)
         tokenizer.save_pretrained(temporary)
+        if training_settings is not None:
+            (temporary / TRAINING_SETTINGS).write_text(json.dumps(training_settings, indent=2) + "\n")
     log.info("student saved to %s", folder)
     return folder
+
+
+def training_settings(data_hparams: dict[str, Any] | None, max_new_tokens: int | None) -> dict[str, Any] | None:
+    """What evaluating a model the way it was trained needs: its data module's template, prompt and
+    total length limits, EOS and data files, and the response length its rollouts sampled."""
+    if not data_hparams:
+        return None
+    keys = ("template", "max_prompt_length", "max_length", "eos_token", "train_data", "val_data", "test_data")
+    return {**{key: data_hparams.get(key) for key in keys}, "max_new_tokens": max_new_tokens}
