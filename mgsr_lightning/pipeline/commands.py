@@ -237,7 +237,7 @@ def evaluate(
 
     Args:
         model: A folder written by ``save_pretrained`` (e.g. a run's ``hf/``) or a hub id; or a list of
-            them, each evaluated into ``out/<name>/`` and merged into one table in ``out``.
+            them, each evaluated into ``out/<name>/`` (``table --runs '[out]'`` merges them into one table).
         sets: Names of MiniLLM's sets (dolly, self_inst, vicuna, sinst, uinst) or JSONL paths (default: all five).
         eval_source: Folder holding MiniLLM's evaluation sets (default: the hub releases).
         out: Output folder.
@@ -274,6 +274,9 @@ def evaluate(
         validation.check_positions("model", {"name_or_path": name}, settings["max_prompt_length"] + settings["max_new_tokens"],
                                    "max_prompt_length + max_new_tokens")
         plans.append((name, settings, sources))
+    short_names = [Path(name).parent.name if Path(name).name == "hf" else Path(name).name for name in models]
+    if len(set(short_names)) < len(short_names):
+        raise ConfigError(f"models: each is evaluated into out/<its folder's name>, and these share names: {short_names}")
     differing = [plan for plan in plans[1:] if plan[1] != plans[0][1]]
     if differing:
         raise ConfigError(f"{differing[0][0]} would be evaluated with {differing[0][1]} but {plans[0][0]} with {plans[0][1]} "
@@ -288,7 +291,6 @@ def evaluate(
         eval_sets[Path(name).stem if name not in EVAL_SETS else name] = (
             load_eval_set(name, eval_source) if name in EVAL_SETS else load_records(name)
         )
-    runs = []
     for name, settings, sources in plans:
         folder = Path(name)
         short_name = folder.parent.name if folder.name == "hf" else folder.name
@@ -300,15 +302,11 @@ def evaluate(
         )
         loaded, tokenizer = _load(folder, torch.bfloat16 if torch.cuda.is_available() else torch.float32)
         model_out = Path(out) if len(plans) == 1 else Path(out) / short_name
-        runs.append(evaluate_model(loaded, tokenizer, eval_sets, config, model_out,
-                                   method=label or METHOD_LABELS.get(short_name, short_name)))
+        evaluate_model(loaded, tokenizer, eval_sets, config, model_out, method=label or METHOD_LABELS.get(short_name, short_name))
         del loaded
-    if len(runs) == 1:
-        print((Path(out) / "table.md").read_text())
-        return
-    from mgsr_lightning.pipeline.table import write_table
-
-    write_table(runs, Path(out))
+        print((model_out / "table.md").read_text())
+    if len(plans) > 1:
+        print(f"one table of all of them: python -m mgsr_lightning table --runs '[{out}]' --out <folder>")
 
 
 def export(checkpoint: str, out: str) -> None:
