@@ -79,11 +79,6 @@ def load_config_text(text: str) -> Any:
 
 set_loader(PARSER_MODE, load_config_text, exceptions=(yaml.YAMLError,))
 
-# Lightning's own use of a torch pytree class that torch has deprecated: nothing a user can act on.
-warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning,
-                        module=r"lightning\.pytorch\.utilities\._pytree")
-
-
 class _NoAdvertisements(logging.Filter):
     """Drops Lightning's "💡 Tip: try installing ..." lines (advertisements for other packages)."""
 
@@ -91,9 +86,19 @@ class _NoAdvertisements(logging.Filter):
         return not str(record.msg).startswith("💡 Tip:")
 
 
-for _name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero",
-              "lightning_fabric.utilities.rank_zero"):
-    logging.getLogger(_name).addFilter(_NoAdvertisements())
+def quiet_lightning() -> None:
+    """Silence what Lightning prints that a user of our commands cannot act on, and nothing else: its own
+    use of torch's deprecated ``LeafSpec`` (a FutureWarning from one module) and its "Tip" lines."""
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+                            category=FutureWarning, module=r"lightning\.pytorch\.utilities\._pytree")
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero",
+                 "lightning_fabric.utilities.rank_zero"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(existing, _NoAdvertisements) for existing in logger.filters):
+            logger.addFilter(_NoAdvertisements())
+
+
+quiet_lightning()
 
 
 class StepLimitedRichProgressBar(RichProgressBar):
