@@ -15,16 +15,25 @@ from mgsr_lightning.evaluation.report import write_report
 PROTOCOL_KEYS = ("seeds", "sampling", "max_prompt_length", "max_examples", "template")
 
 
+def _row_order(path: Path) -> tuple[int, str]:
+    """Known methods in the order of the paper's Table 1 (teacher first), then the others by name."""
+    from mgsr_lightning.pipeline.commands import METHOD_LABELS
+
+    known = list(METHOD_LABELS)
+    name = path.parent.name
+    return (known.index(name) if name in known else len(known), str(path))
+
+
 def find_metrics(paths: Sequence[str]) -> list[Path]:
     """The ``metrics.json`` files named, or found under the folders named, in the order given
-    (folders: sorted, the teacher's first)."""
+    (inside a folder: the teacher, then the methods in the order of the paper's Table 1, then others)."""
     found: list[Path] = []
     for name in paths:
         path = Path(name)
         if path.is_file():
             found.append(path)
         elif path.is_dir():
-            inside = sorted(path.rglob("metrics.json"), key=lambda p: (p.parent.name != "teacher", str(p)))
+            inside = sorted(path.rglob("metrics.json"), key=_row_order)
             if not inside:
                 raise MissingFileError(f"no metrics.json under {path}: give folders written by `evaluate`")
             found += inside
