@@ -216,80 +216,93 @@ def prepare(
     root = Path(root_value).expanduser().resolve()
     records = {split: read_jsonl(path) for split, path in files.items()}  # a bad row fails here, naming file and line
     writable_folder("out", root)
-    base, teacher_config = composed_config(pair), composed_config(pair, "teacher")
-    data_config = base["data"]
+    base = composed_config(pair)
     manifest = Manifest(root)
-    advice = "choose another --out, or move it away"
-
-    # 1. the data: copies in the root, where the configs read it
-    copies = {split: root / "data" / f"{split}.jsonl" for split in SPLITS}
-    to_copy = [split for split in SPLITS if not _same(files[split], copies[split])
-               and not (copies[split].is_file() and file_sha256(copies[split]) == file_sha256(files[split]))]
-    manifest.check_overwritable(*(copies[split] for split in to_copy), command="prepare", advice=advice)
-    for split in to_copy:
-        _copy(files[split], copies[split])
-        manifest.record_files(copies[split])
-    data_hashes = {split: file_sha256(copies[split]) for split in SPLITS}
-
-    # 2. the tokenizer
-    tokenizer_dir = root / "tokenizer"
-    template = data_config.get("template", "alpaca")
-    if tokenizer is not None:
-        tokenizer_inputs = {"copied_from": folder_sha256(tokenizer)}
-    else:
-        vocab_size = vocab_size or DEFAULT_VOCAB[pair]
-        tokenizer_inputs = {"bpe_vocab_size": vocab_size, "train": data_hashes["train"], "template": template,
-                            "model_max_length": base["model"]["init_args"]["student"]["config"]["n_positions"]}
-    tokenizer_fingerprint = fingerprint(tokenizer_inputs)
-    if manifest.step_matches("tokenizer", tokenizer_fingerprint, tokenizer_dir):
-        tokenizer_summary, tokenizer_note = manifest.steps["tokenizer"]["summary"], "reused: same inputs"
-    else:
-        if not (tokenizer is not None and _same(Path(tokenizer), tokenizer_dir)):
-            manifest.check_step_output("tokenizer", tokenizer_dir, advice)
-            if tokenizer_dir.exists():
-                shutil.rmtree(tokenizer_dir)
-            if tokenizer is not None:
-                shutil.copytree(tokenizer, tokenizer_dir)
-            else:
-                _train_bpe(records["train"], vocab_size, template, tokenizer_inputs["model_max_length"], tokenizer_dir)
-        from mgsr_lightning.tokenizer import load_tokenizer
-
-        loaded = load_tokenizer(str(tokenizer_dir))
-        tokenizer_summary = {"vocab_size": len(loaded), "source": str(Path(tokenizer).resolve()) if tokenizer else
-                             f"byte-level BPE trained on the {len(records['train'])} training rows"}
-        tokenizer_note = "new"
-        manifest.record_step("tokenizer", tokenizer_fingerprint, tokenizer_summary)
-    manifest.save()
-
-    # 3. the teacher
-    teacher_dir = root / "teacher"
-    teacher_fingerprint = fingerprint({"tokenizer": tokenizer_fingerprint, "train": data_hashes["train"],
-                                       "validation": data_hashes["validation"], "steps": teacher_steps,
-                                       "config": _config_texts(config_path(pair, "teacher"))})
-    if manifest.step_matches("teacher", teacher_fingerprint, teacher_dir / "config.json"):
-        teacher_summary, teacher_note = manifest.steps["teacher"]["summary"], "reused: same data, tokenizer, config and steps"
-    else:
-        manifest.check_step_output("teacher", teacher_dir, advice)
-        if (root / "students").is_dir():
-            log.warning("the students in %s were distilled from the previous teacher; train them again", root / "students")
-        log.info("training the teacher (SFT, configs/%s/teacher.yaml) on %s", pair, copies["train"])
-        teacher_summary = _train_teacher(pair, root, teacher_steps, teacher_config)
-        teacher_note = f"trained in {teacher_summary['seconds']:.0f} s"
-        manifest.record_step("teacher", teacher_fingerprint, teacher_summary)
-        manifest.save()
+    data_hashes = _copy_data(files, root, manifest)
+    tokenizer_fingerprint, tokenizer_summary, tokenizer_note = _tokenizer_step(
+        root, manifest, records["train"], data_hashes["train"], tokenizer, vocab_size or DEFAULT_VOCAB[pair],
+        base["data"].get("template", "alpaca"), base["model"]["init_args"]["student"]["config"]["n_positions"])
+    teacher_summary, teacher_note = _teacher_step(root, manifest, pair, tokenizer_fingerprint, data_hashes, teacher_steps)
 
     from mgsr_lightning.tokenizer import load_tokenizer
 
-    loaded = load_tokenizer(str(tokenizer_dir))
+    loaded = load_tokenizer(str(root / "tokenizer"))
+    data_config = base["data"]
     fits = {split: _fits(records[split], loaded, data_config, data_config["max_length"] if split != "test" else None,
                          split) for split in SPLITS}
     _print_summary(pair, root, files, records, fits, data_config, tokenizer_summary, tokenizer_note, teacher_summary,
-                   teacher_note, base)
+                   teacher_note)
     return root
 
 
+ADVICE = "choose another --out, or move it away"
+
+
+def _copy_data(files: dict[str, Path], root: Path, manifest: Manifest) -> dict[str, str]:
+    """Copy the splits to ``root/data`` (where the configs read them) unless already there; returns their hashes."""
+    copies = {split: root / "data" / f"{split}.jsonl" for split in SPLITS}
+    to_copy = [split for split in SPLITS if not _same(files[split], copies[split])
+               and not (copies[split].is_file() and file_sha256(copies[split]) == file_sha256(files[split]))]
+    manifest.check_overwritable(*(copies[split] for split in to_copy), command="prepare", advice=ADVICE)
+    for split in to_copy:
+        _copy(files[split], copies[split])
+        manifest.record_files(copies[split])
+    manifest.save()
+    return {split: file_sha256(copies[split]) for split in SPLITS}
+
+
+def _tokenizer_step(root: Path, manifest: Manifest, train_records: list[dict[str, Any]], train_hash: str,
+                    given: str | None, vocab_size: int, template: PromptTemplate, model_max_length: int):
+    """``root/tokenizer``: a copy of ``given``, or a BPE trained on the training rows; reused for the same inputs.
+    Returns (fingerprint, summary, note)."""
+    tokenizer_dir = root / "tokenizer"
+    if given is not None:
+        inputs = {"copied_from": folder_sha256(given)}
+    else:
+        inputs = {"bpe_vocab_size": vocab_size, "train": train_hash, "template": template,
+                  "model_max_length": model_max_length}
+    step_fingerprint = fingerprint(inputs)
+    if manifest.step_matches("tokenizer", step_fingerprint, tokenizer_dir):
+        return step_fingerprint, manifest.steps["tokenizer"]["summary"], "reused: same inputs"
+    if not (given is not None and _same(Path(given), tokenizer_dir)):
+        manifest.check_step_output("tokenizer", tokenizer_dir, ADVICE)
+        if tokenizer_dir.exists():
+            shutil.rmtree(tokenizer_dir)
+        if given is not None:
+            shutil.copytree(given, tokenizer_dir)
+        else:
+            _train_bpe(train_records, vocab_size, template, model_max_length, tokenizer_dir)
+    from mgsr_lightning.tokenizer import load_tokenizer
+
+    summary = {"vocab_size": len(load_tokenizer(str(tokenizer_dir))),
+               "source": str(Path(given).resolve()) if given else f"byte-level BPE trained on the {len(train_records)} training rows"}
+    manifest.record_step("tokenizer", step_fingerprint, summary)
+    manifest.save()
+    return step_fingerprint, summary, "new"
+
+
+def _teacher_step(root: Path, manifest: Manifest, pair: str, tokenizer_fingerprint: str, data_hashes: dict[str, str],
+                  steps: int | None):
+    """``root/teacher``: SFT of ``configs/<pair>/teacher.yaml``; reused for the same data, tokenizer, config and
+    steps. Returns (summary, note)."""
+    teacher_dir = root / "teacher"
+    step_fingerprint = fingerprint({"tokenizer": tokenizer_fingerprint, "train": data_hashes["train"],
+                                    "validation": data_hashes["validation"], "steps": steps,
+                                    "config": _config_texts(config_path(pair, "teacher"))})
+    if manifest.step_matches("teacher", step_fingerprint, teacher_dir / "config.json"):
+        return manifest.steps["teacher"]["summary"], "reused: same data, tokenizer, config and steps"
+    manifest.check_step_output("teacher", teacher_dir, ADVICE)
+    if (root / "students").is_dir():
+        log.warning("the students in %s were distilled from the previous teacher; train them again", root / "students")
+    log.info("training the teacher (SFT, configs/%s/teacher.yaml) on %s", pair, root / "data" / "train.jsonl")
+    summary = _train_teacher(pair, root, steps, composed_config(pair, "teacher"))
+    manifest.record_step("teacher", step_fingerprint, summary)
+    manifest.save()
+    return summary, f"trained in {summary['seconds']:.0f} s"
+
+
 def _print_summary(pair, root, files, records, fits, data_config, tokenizer_summary, tokenizer_note, teacher_summary,
-                   teacher_note, base) -> None:
+                   teacher_note) -> None:
     limits = (f"prompts <= {data_config['max_prompt_length']} tokens, prompt + response <= {data_config['max_length']} "
               f"(configs/{pair}/base.yaml)")
     lines = [f"prepared {root} for distillation on your data ({pair} pair):", "  data (your files are only read):"]
