@@ -49,6 +49,7 @@ VOCAB_WORDS = 4094  # plus EOS and pad: 4,096 ids
 # Every third word carries GPT-2's word-start marker, so MGSR's span prior finds multi-token words.
 WORDS = [("Ġ" if i % 3 == 0 else "") + f"w{i}" for i in range(VOCAB_WORDS)]
 EOS, PAD = "<eos>", "<pad>"
+PRETRAIN_STEPS = 200
 TEACHER = {"n_layer": 4, "n_embd": 256, "n_head": 4}
 STUDENT = {"n_layer": 2, "n_embd": 128, "n_head": 4}
 CHAT_TEMPLATE = (  # plain concatenation, for TRL's ChatML collator (GKDTrainer)
@@ -111,12 +112,46 @@ def prepare(work: Path, batch_size: int, steps: int) -> None:
                             **shape)
         GPT2LMHeadModel(config).save_pretrained(str(work / name))
     rng = random.Random(0)
+    # A made-up language: each word has 4 possible successors. Both models learn it briefly, so the
+    # student's samples are mostly plausible to the teacher and SCRG finds errors along the response,
+    # not at its first token as it would with untrained models.
+    successors = [[rng.randrange(2, len(vocab)) for _ in range(4)] for _ in range(len(vocab))]
+
+    def chain(length: int) -> list[int]:
+        ids = [rng.randrange(2, len(vocab))]
+        while len(ids) < length:
+            ids.append(rng.choice(successors[ids[-1]]))
+        return ids
+
     examples = []
     for _ in range(batch_size * (steps + 8)):
-        prompt = [rng.randrange(2, len(vocab)) for _ in range(rng.randint(16, 32))]
-        response = [rng.randrange(2, len(vocab)) for _ in range(63)] + [0]
-        examples.append({"prompt": prompt, "response": response})
+        text = chain(rng.randint(16, 32) + 63)
+        examples.append({"prompt": text[:-63], "response": text[-63:] + [0]})
+    train = [chain(rng.randint(16, 32) + 63) + [0] for _ in range(PRETRAIN_STEPS * 16)]
+    for name in ("teacher", "student"):
+        pretrain(work / name, train)
     (work / "data.json").write_text(json.dumps(examples))
+
+
+def pretrain(folder: Path, sequences: list[list[int]]) -> None:
+    """A few hundred steps of next-token training (AdamW, lr 3e-3, batch 16) on ``sequences``; saved in place."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(str(folder)).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for start in range(0, len(sequences), 16):
+        batch = sequences[start : start + 16]
+        width = max(len(ids) for ids in batch)
+        ids = torch.tensor([ids + [1] * (width - len(ids)) for ids in batch])
+        labels = ids.masked_fill(ids == 1, -100)
+        loss = model(input_ids=ids, attention_mask=(ids != 1).long(), labels=labels).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    print(f"{folder.name}: next-token loss {loss.item():.2f} after {len(sequences) // 16} steps", file=sys.stderr)
+    model.save_pretrained(str(folder))
 
 
 def texts(ids: list[int]) -> str:
