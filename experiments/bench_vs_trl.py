@@ -49,7 +49,6 @@ VOCAB_WORDS = 4094  # plus EOS and pad: 4,096 ids
 # Every third word carries GPT-2's word-start marker, so MGSR's span prior finds multi-token words.
 WORDS = [("Ġ" if i % 3 == 0 else "") + f"w{i}" for i in range(VOCAB_WORDS)]
 EOS, PAD = "<eos>", "<pad>"
-PRETRAIN_STEPS = 200
 TEACHER = {"n_layer": 4, "n_embd": 256, "n_head": 4}
 STUDENT = {"n_layer": 2, "n_embd": 128, "n_head": 4}
 CHAT_TEMPLATE = (  # plain concatenation, for TRL's ChatML collator (GKDTrainer)
@@ -81,6 +80,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--new_tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=None, help="torch threads in every run (default: torch's)")
     parser.add_argument("--only", default=None, help="comma-separated methods (ours' names, e.g. gkd,mgsr)")
+    parser.add_argument("--pretrain_steps", type=int, default=200,
+                        help="next-token training of both models on the made-up language before timing (0: untrained)")
     parser.add_argument("--work", default="runs/bench_vs_trl", help="models, tokenizer and data go here")
     parser.add_argument("--out", default=None, help="folder for table.md and runs.json")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # side:method, run in this process
@@ -90,7 +91,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 # ---- the shared assets: tokenizer, models, prompts ----------------------------------------------
 
 
-def prepare(work: Path, batch_size: int, steps: int) -> None:
+def prepare(work: Path, batch_size: int, steps: int, pretrain_steps: int) -> None:
     """Tokenizer, teacher and student folders and the prompts/responses, written once under ``work``."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
@@ -127,20 +128,23 @@ def prepare(work: Path, batch_size: int, steps: int) -> None:
     for _ in range(batch_size * (steps + 8)):
         text = chain(rng.randint(16, 32) + 63)
         examples.append({"prompt": text[:-63], "response": text[-63:] + [0]})
-    train = [chain(rng.randint(16, 32) + 63) + [0] for _ in range(PRETRAIN_STEPS * 16)]
+    train = [chain(rng.randint(16, 32) + 63) + [0] for _ in range(pretrain_steps * 16)]
     for name in ("teacher", "student"):
-        pretrain(work / name, train)
+        if train:
+            pretrain(work / name, train)
     (work / "data.json").write_text(json.dumps(examples))
 
 
 def pretrain(folder: Path, sequences: list[list[int]]) -> None:
-    """A few hundred steps of next-token training (AdamW, lr 3e-3, batch 16) on ``sequences``; saved in place."""
+    """A few hundred steps of next-token training (AdamW, lr 1e-3 after 20 warm-up steps, batch 16) on
+    ``sequences``; saved in place."""
     import torch
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(str(folder)).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 20))
     for start in range(0, len(sequences), 16):
         batch = sequences[start : start + 16]
         width = max(len(ids) for ids in batch)
@@ -149,6 +153,7 @@ def pretrain(folder: Path, sequences: list[list[int]]) -> None:
         loss = model(input_ids=ids, attention_mask=(ids != 1).long(), labels=labels).loss
         loss.backward()
         optimizer.step()
+        warmup.step()
         optimizer.zero_grad()
     print(f"{folder.name}: next-token loss {loss.item():.2f} after {len(sequences) // 16} steps", file=sys.stderr)
     model.save_pretrained(str(folder))
@@ -418,6 +423,12 @@ def targets(runs: dict[str, list[dict]]) -> list[str]:
         ratio = mgsr / distillm
         lines.append(f"- MGSR step time / DistiLLM step time (both sampling every step): {ratio:.2f} "
                      f"(target ≤ 1.3: {'met' if ratio <= 1.3 else 'missed'})")
+    last = [run["last_metrics"] for run in runs.get("ours:mgsr", [])]
+    if last and "scrg/mean_error_position" in last[0]:
+        lines.append(f"- SCRG on the last step of each run: error at response token "
+                     f"{statistics.median(m['scrg/mean_error_position'] for m in last):.1f}, "
+                     f"{statistics.median(m['scrg/mean_regenerated_tokens'] for m in last):.1f} tokens re-generated per "
+                     f"corrected row, {100 * statistics.median(m['scrg/corrected_fraction'] for m in last):.0f}% of rows corrected")
     scrg = [run["last_metrics"].get("scrg/seconds") for run in runs.get("ours:mgsr", [])]
     scrg = [s for s in scrg if s is not None]
     if scrg and mgsr:
@@ -431,7 +442,8 @@ def main(argv=None) -> None:
     if args.worker:
         worker(args.worker, args)
         return
-    prepare(Path(args.work), args.batch_size, args.warmup + args.steps)
+    args.work = f"{args.work}_pretrain{args.pretrain_steps}"  # models trained differently never share a folder
+    prepare(Path(args.work), args.batch_size, args.warmup + args.steps, args.pretrain_steps)
     only = set(args.only.split(",")) if args.only else None
     jobs = [(row, side, m) for row, side, m in JOBS
             if (side == "ours" or args.trl_python) and (only is None or row.lower() in only or m in only)]
@@ -449,7 +461,8 @@ def main(argv=None) -> None:
             print(f"round {round_index + 1}/{args.rounds} {spec:<22} {1 / result['seconds_per_step']:6.2f} steps/s "
                   f"peak RSS {result['peak_rss_mib']:.0f} MiB", file=sys.stderr, flush=True)
     threads = next(iter(runs.values()))[0]["threads"]
-    header = (f"Batch {args.batch_size}, {args.new_tokens} new tokens, fp32 CPU, torch threads {threads} "
+    header = (f"Pair pretrained {args.pretrain_steps} steps on the made-up language; "
+              f"batch {args.batch_size}, {args.new_tokens} new tokens, fp32 CPU, torch threads {threads} "
               f"(os.cpu_count() = {os.cpu_count()}); {args.rounds} alternating rounds of {args.warmup} warm-up + "
               f"{args.steps} timed steps; median [min–max] over rounds.")
     text = "\n".join([header, "", table(runs, args), "", *targets(runs)])
