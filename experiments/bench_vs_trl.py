@@ -5,7 +5,8 @@
     python experiments/bench_vs_trl.py --rounds 1 --steps 4 --warmup 1 --only gkd,mgsr   # a quick look
 
 Both sides train the same models from the same folders: a GPT-2 teacher (4 layers, d=256) and a
-GPT-2 student (2 layers, d=128), both randomly initialised once and saved, vocabulary 4,096 (a
+GPT-2 student (2 layers, d=128), both initialised once, trained ``--pretrain_steps`` steps on a
+made-up language (each word has 4 possible successors) and saved, vocabulary 4,096 (a
 word-level tokenizer over 4,094 made-up words plus EOS and pad, so prompt text maps to the same ids on
 both sides), fp32, batch 8, prompts of 16-32 tokens, ground-truth responses of 64 tokens, 64 new
 tokens sampled (T = 1, no top-k/top-p), AdamW at lr 1e-4, no gradient checkpointing, no
