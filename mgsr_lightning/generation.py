@@ -4,10 +4,17 @@
 tokens, which is what every loss and SCRG's scoring compare.
 
 ``sample`` is our own decode loop over a Hugging Face ``DynamicCache`` rather than
-``model.generate``, for two things ``generate`` does not offer: one ``torch.Generator`` per row (so a
-row's sample depends only on its own seed) and a per-row length cap. What it needs besides the model,
+``model.generate``, for two things ``generate`` does not offer: per-row random streams (so a row's
+sample depends only on its own seed) and a per-row length cap. What it needs besides the model,
 prompts and seeds is one :class:`Decoding`: the sampling config, the special ids and the limits,
-built once by the caller.
+built once by the caller. It can also continue from a KV cache the caller already holds
+(:func:`realigned_cache`), which is how SCRG re-generates without re-encoding the kept prefix.
+
+Sampling with seeds draws token i of row b at the inverse CDF of ``counter_uniforms(seeds, i)[b]``
+(a SplitMix64 hash of the row's seed and i, :mod:`mgsr_lightning.seeding`): one uniform per row
+and step for the whole batch, no generator objects. Before this sampler, rows drew from one
+``torch.Generator`` each with ``torch.multinomial``; the same seed now gives other (equally
+distributed) samples than those versions did.
 """
 
 from __future__ import annotations
@@ -18,10 +25,12 @@ from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor, nn
+from transformers import Cache, DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from mgsr_lightning.batch import Rollout, positions_from_mask
 from mgsr_lightning.distributed import every_rank, is_distributed, max_over_ranks
-from mgsr_lightning.seeding import row_generators
+from mgsr_lightning.seeding import counter_uniforms
 
 @dataclass
 class SamplingConfig:
@@ -87,12 +96,44 @@ def response_logits(model: nn.Module, rollout: Rollout, vocab_size: int | None =
     Only the last R + 1 positions go through the output layer (``logits_to_keep``), so the prompt
     never costs a [P, V] block, and the vocabulary is cut to ``vocab_size`` (padded embedding rows).
     """
+    return _response_forward(model, rollout, vocab_size, use_cache=False)[0]
+
+
+def response_logits_and_cache(model: nn.Module, rollout: Rollout, vocab_size: int | None = None) -> tuple[Tensor, Cache]:
+    """``response_logits`` and the KV cache of the same forward, over ``rollout.model_inputs()``'s columns."""
+    return _response_forward(model, rollout, vocab_size, use_cache=True)
+
+
+def _response_forward(model: nn.Module, rollout: Rollout, vocab_size: int | None, use_cache: bool):
     if rollout.prompt_ids.size(1) == 0:
         raise ValueError("a rollout needs at least one prompt token per row to predict its response")
     response_width = rollout.response_ids.size(1)
     # Column P-1+r of the full sequence predicts response token r: the last R+1 columns, less the last.
-    logits = model(**rollout.model_inputs(), use_cache=False, logits_to_keep=response_width + 1).logits
-    return logits[:, :response_width, :vocab_size]  # the last column predicts past the sequence
+    outputs = model(**rollout.model_inputs(), use_cache=use_cache, logits_to_keep=response_width + 1)
+    return outputs.logits[:, :response_width, :vocab_size], outputs.cache  # the last column predicts past the sequence
+
+
+def realigned_cache(cache: Cache, rows: Tensor, columns: Tensor) -> DynamicCache | None:
+    """A new cache whose row n, column c holds ``cache``'s row ``rows[n]``, column ``columns[n, c]``.
+
+    rows: [N] long; columns: [N, L] long. The cached keys already carry their positions (absolute
+    embeddings are in the hidden states, rotary ones are applied before caching), so moving an entry
+    to another column changes nothing as long as the attention mask follows it. This is how a
+    prefix of a forward over ``prompt + response`` becomes the cache of a left-padded
+    ``prompt + response[:j]``. Returns None when ``cache`` is not a plain ``DynamicCache`` of full
+    layers (sliding windows, quantised or offloaded caches), so the caller re-encodes instead.
+    """
+    if type(cache) is not DynamicCache or any(type(layer) is not DynamicLayer for layer in cache.layers):
+        return None
+    if any(layer.keys is None or layer.keys.dim() != 4 for layer in cache.layers):
+        return None
+    moved = []
+    for layer in cache.layers:
+        keys, values = layer.keys[rows], layer.values[rows]  # [N, H, S, D]
+        index = columns[:, None, :, None].to(keys.device)  # [N, 1, L, 1]
+        moved.append((keys.gather(2, index.expand(-1, keys.size(1), -1, keys.size(3))),
+                      values.gather(2, index.expand(-1, values.size(1), -1, values.size(3)))))
+    return DynamicCache(moved)
 
 
 @contextlib.contextmanager
@@ -126,20 +167,30 @@ def filter_logits(logits: Tensor, config: SamplingConfig) -> Tensor:
     return logits
 
 
-def choose_tokens(
-    logits: Tensor, config: SamplingConfig, generators: Sequence[torch.Generator] | None = None
-) -> Tensor:
+def choose_tokens(logits: Tensor, config: SamplingConfig, seeds: Tensor | None = None, counter: int = 0) -> Tensor:
     """Next token per row from [N, V] logits: greedy, or a draw from the filtered distribution.
 
-    With ``generators`` (one per row) row i draws only from ``generators[i]``; otherwise from the
-    global torch RNG.
+    With ``seeds`` [N] int64, row i takes the inverse CDF of its distribution at
+    ``counter_uniforms(seeds, counter)[i]``, so its draw depends only on its seed, the counter and its
+    logits; otherwise the draws come from the global torch RNG.
     """
     if not config.do_sample:
         return logits.argmax(-1)
     probs = filter_logits(logits.float(), config).softmax(-1)  # [N, V]
-    if generators is None:
+    if seeds is None:
         return torch.multinomial(probs, 1).squeeze(-1)
-    return torch.cat([torch.multinomial(row_probs, 1, generator=g) for row_probs, g in zip(probs, generators)])
+    return inverse_cdf(probs, counter_uniforms(seeds.to(probs.device), counter))
+
+
+def inverse_cdf(probs: Tensor, uniforms: Tensor) -> Tensor:
+    """[N] token ids: for each row of ``probs`` [N, V], the first token whose cumulative mass exceeds
+    ``uniforms`` [N] (in [0, 1)) times the row's total. A token of probability 0 is never chosen."""
+    cumulative = probs.double().cumsum(-1)  # [N, V]; float64 so that V = 150k small steps stay exact enough
+    total = cumulative[:, -1:]
+    tokens = torch.searchsorted(cumulative, uniforms[:, None] * total, right=True).squeeze(-1)  # [N]
+    # u·total can round up to total: take the last token with mass then (the first to reach the total)
+    last_real = (cumulative < total).sum(-1)
+    return torch.minimum(tokens, last_real)
 
 
 def token_id_tensor(token_ids: int | Sequence[int], device: torch.device) -> Tensor:
@@ -156,6 +207,7 @@ def sample(
     *,
     seeds: Tensor | None = None,
     max_length: int | Tensor | None = None,
+    cache: Cache | None = None,
 ) -> Rollout:
     """Sample a response per prompt with a KV cache: one prefill over the prompts, then one token per step.
 
@@ -164,10 +216,12 @@ def sample(
         prompt_ids: [B, P] left-padded with the pad id; every row needs >= 1 real token.
         prompt_mask: [B, P] bool, True on real prompt tokens.
         decoding: sampling config, special ids, vocabulary cut, length cap and lockstep (see ``Decoding``).
-        seeds: [B] int64; row i then draws only from a generator seeded with seeds[i], so its
-            sample does not depend on the other rows or on its padding. None: global torch RNG.
+        seeds: [B] int64; row i's token t is then drawn with ``counter_uniforms(seeds, t)[i]``, so
+            its sample does not depend on the other rows or on its padding. None: global torch RNG.
         max_length: cap on prompt real length + response length, an int or one per row [B], in
             place of ``decoding.max_length``.
+        cache: the model's KV cache over ``prompt_ids[:, :-1]`` (same columns, same mask), e.g. from
+            :func:`realigned_cache`; the prefill then feeds only the last prompt column. Extended in place.
 
     Runs under ``torch.no_grad`` (not ``inference_mode``), so the ids can feed a forward with grad.
 
@@ -178,11 +232,13 @@ def sample(
     max_length = decoding.max_length if max_length is None else max_length
     device = prompt_ids.device
     prompt_mask = prompt_mask.bool()
+    batch_size, prompt_width = prompt_ids.shape
     prompt_lengths = prompt_mask.sum(-1)  # [B]
     if bool((prompt_lengths == 0).any()):
         raise ValueError("every prompt needs at least one real token")
     eos_ids = token_id_tensor(decoding.eos_token_id, device)
-    generators = row_generators(seeds, device) if seeds is not None else None
+    if seeds is not None:
+        seeds = seeds.to(device)
 
     budgets = torch.full_like(prompt_lengths, config.max_new_tokens)  # [B] most response tokens per row
     if max_length is not None:
@@ -193,17 +249,21 @@ def sample(
     if synced:
         max_steps = int(max_over_ranks(torch.tensor(max_steps, device=device)))
 
-    response_tokens: list[Tensor] = []  # per step: [B]
-    response_real: list[Tensor] = []  # per step: [B] bool
+    # Allocated once: the response and the attention mask over prompt + response columns.
+    response_ids = prompt_ids.new_full((batch_size, max_steps), pad_token_id)  # [B, R]
+    response_mask = prompt_mask.new_zeros(batch_size, max_steps)
+    attention_mask = torch.cat([prompt_mask.long(), prompt_mask.new_ones(batch_size, max_steps, dtype=torch.long)], 1)
+    steps_run = 0
     with eval_mode(model):
-        # The first step is the prefill over the whole prompt; later steps feed one token per row.
-        input_ids, attention_mask = prompt_ids, prompt_mask.long()
+        # The first step is the prefill over the whole prompt (or its last column, continuing a cache);
+        # later steps feed one token per row.
         positions = positions_from_mask(prompt_mask)  # [B, P]
-        cache = None
+        fed = 1 if cache is not None else prompt_width
+        input_ids, positions = prompt_ids[:, prompt_width - fed :], positions[:, prompt_width - fed :]
         for step in range(max_steps):
             outputs = model(
                 input_ids=input_ids,
-                attention_mask=attention_mask,
+                attention_mask=attention_mask[:, : prompt_width + step],
                 position_ids=positions,
                 cache=cache,
                 use_cache=True,
@@ -211,32 +271,24 @@ def sample(
             )
             cache = outputs.cache
             logits = outputs.logits[:, -1, :vocab_size]  # [B, V]
-            active = (~done).nonzero().squeeze(-1)  # only live rows draw, so a row's RNG stream is its own
-            tokens = torch.full_like(prompt_lengths, pad_token_id)
-            active_generators = [generators[i] for i in active.tolist()] if generators is not None else None
-            if active.numel():  # none when this rank is done and only keeps pace with others (synced)
-                tokens[active] = choose_tokens(logits[active], config, active_generators)
-            response_tokens.append(tokens)
-            response_real.append(~done)
+            # Finished rows draw too (their draw is discarded): a row's stream is indexed by its step, not by state.
+            tokens = choose_tokens(logits, config, seeds, counter=step).masked_fill(done, pad_token_id)  # [B]
+            response_ids[:, step] = tokens
+            response_mask[:, step] = ~done
+            steps_run = step + 1
             done = done | torch.isin(tokens, eos_ids) | (step + 1 >= budgets)
             if every_rank(done.all(), synced):
                 break
             input_ids = tokens[:, None]  # [B, 1]
-            attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], dim=1)
             # Left padding keeps each row's last column real, so its next position is one past it.
             # Finished rows keep theirs: their outputs are discarded, and a position past the end of
             # a short row's max_length could overflow a model's position table while others go on.
             positions = positions[:, -1:] + (~done).long()[:, None]  # [B, 1]
 
-    if response_tokens:
-        response_ids = torch.stack(response_tokens, dim=1)  # [B, R]
-        response_mask = torch.stack(response_real, dim=1)
-        if synced:  # steps run only for other ranks are padding everywhere here: drop them
-            width = int(response_mask.sum(-1).max())
-            response_ids, response_mask = response_ids[:, :width], response_mask[:, :width]
-    else:
-        response_ids = prompt_ids.new_empty(prompt_ids.size(0), 0)
-        response_mask = prompt_mask.new_empty(prompt_ids.size(0), 0)
+    response_ids, response_mask = response_ids[:, :steps_run], response_mask[:, :steps_run]
+    if synced and steps_run:  # steps run only for other ranks are padding everywhere here: drop them
+        width = int(response_mask.sum(-1).max())
+        response_ids, response_mask = response_ids[:, :width], response_mask[:, :width]
     return Rollout(prompt_ids, prompt_mask, response_ids, response_mask)
 
 

@@ -24,6 +24,12 @@ that NLL before and after revision.
 ``find_error_positions`` (:mod:`mgsr_lightning.error_search`) is the pure scoring step on
 response-aligned logits; ``revise`` runs the forwards, the corrections and one batched re-generation
 per round.
+
+Re-generation continues from the student's scoring forward: its KV cache over ``prompt + response``
+is cut at each row's error and realigned to the left-padded ``prompt + response[:j]``
+(``generation.realigned_cache``), so only the teacher's token and the new tokens go through the
+student, never the kept prefix again. Caches that cannot be realigned (sliding windows, quantised)
+fall back to re-encoding the prefix, as does ``reuse_cache=False``; both give the same tokens.
 """
 
 from __future__ import annotations
@@ -38,7 +44,9 @@ from torch import Tensor, nn
 from mgsr_lightning.batch import Rollout, pack_tokens
 from mgsr_lightning.distributed import any_rank
 from mgsr_lightning.error_search import CRITERIA, DIFFERENCES, ErrorPositions, find_error_positions, token_nll
-from mgsr_lightning.generation import Decoding, eval_mode, response_logits, sample, token_id_tensor
+from mgsr_lightning.generation import (
+    Decoding, eval_mode, realigned_cache, response_logits, response_logits_and_cache, sample, token_id_tensor,
+)
 from mgsr_lightning.losses import response_cross_entropy
 from mgsr_lightning.seeding import derive_seeds, row_generators
 
@@ -60,6 +68,8 @@ class ScrgConfig:
             ``forward_kl`` KL(p_teacher‖q_student), ``reverse_kl`` KL(q‖p) or ``jsd`` (β = 0.5).
         teacher_token: the teacher's token per position: its ``argmax``, or a ``sample`` from its
             distribution (T = 1, unfiltered).
+        reuse_cache: re-generate from the student scoring forward's KV cache cut at the error
+            (default); False re-encodes prompt + kept prefix (same tokens, more compute).
     """
 
     n_corrections: int = 1
@@ -67,6 +77,7 @@ class ScrgConfig:
     unlikely_below: float = 0.02
     difference: Literal["forward_kl", "reverse_kl", "jsd"] = "forward_kl"
     teacher_token: Literal["argmax", "sample"] = "argmax"
+    reuse_cache: bool = True
 
     def __post_init__(self) -> None:
         if self.n_corrections < 0:
@@ -145,7 +156,11 @@ def revise(
     with eval_mode(student, teacher):
         for round_index in range(config.n_corrections):
             teacher_logits = response_logits(teacher, rollout, decoding.vocab_size)  # [B, R, V]
-            student_logits = response_logits(student, rollout, decoding.vocab_size)
+            student_cache = None
+            if config.reuse_cache:
+                student_logits, student_cache = response_logits_and_cache(student, rollout, decoding.vocab_size)
+            else:
+                student_logits = response_logits(student, rollout, decoding.vocab_size)
             if round_index == 0:
                 nll_stats["teacher_nll_before"] = float(response_cross_entropy(teacher_logits, rollout))
                 nll_stats["student_nll_before"] = float(response_cross_entropy(student_logits, rollout))
@@ -168,7 +183,8 @@ def revise(
                 final_teacher_logits = teacher_logits
                 break
             round_seeds = derive_seeds(seeds, round_index, "regenerate") if seeds is not None else None
-            rollout, regenerated = _correct_and_regenerate(student, rollout, errors, decoding, round_seeds)
+            rollout, regenerated = _correct_and_regenerate(student, rollout, errors, decoding, round_seeds, student_cache)
+            del student_cache
             corrected |= errors.has_error
             regenerated_tokens += regenerated
             error_position_sum += int(errors.positions[errors.has_error].sum())
@@ -197,8 +213,13 @@ def _correct_and_regenerate(
     errors: ErrorPositions,
     decoding: Decoding,
     seeds: Tensor | None,
+    student_cache=None,
 ) -> tuple[Rollout, Tensor]:
-    """Write the teacher token at each error, drop what follows, re-generate; returns (rollout, [B] new tokens)."""
+    """Write the teacher token at each error, drop what follows, re-generate; returns (rollout, [B] new tokens).
+
+    ``student_cache``: the student's KV cache over ``rollout.model_inputs()``; when given (and
+    realignable) the re-generation continues from it instead of re-encoding the kept prefix.
+    """
     pad_token_id, synced = decoding.pad_token_id, decoding.synced
     batch_size, response_width = rollout.response_ids.shape
     device = rollout.device
@@ -236,8 +257,12 @@ def _correct_and_regenerate(
             pad_token_id=pad_token_id,
             side="left",
         )  # [N, L], L = the longest prompt + corrected prefix
+        cache = None
+        if student_cache is not None and context_ids.size(1) > 1:
+            cache = realigned_cache(student_cache, rows, _cached_columns(rollout.prompt_mask, keep, rows, context_ids.size(1) - 1))
         continuation = sample(
-            student, context_ids, context_mask, decoding, seeds=seeds[rows] if seeds is not None else None, max_length=caps
+            student, context_ids, context_mask, decoding, seeds=seeds[rows] if seeds is not None else None,
+            max_length=caps, cache=cache,
         )
         continuation_ids = continuation_ids.new_full((batch_size, continuation.response_ids.size(1)), pad_token_id)
         continuation_mask = continuation_mask.new_zeros(batch_size, continuation.response_ids.size(1))
@@ -252,3 +277,15 @@ def _correct_and_regenerate(
     )  # [B, R'], R' = the longest revised response
     revised = Rollout(rollout.prompt_ids, rollout.prompt_mask, response_ids, response_mask)
     return revised, continuation_mask.sum(-1)
+
+
+def _cached_columns(prompt_mask: Tensor, keep: Tensor, rows: Tensor, width: int) -> Tensor:
+    """[N, width] columns of ``model_inputs()`` whose cached keys make the context of each row in ``rows``
+    less its last token: prompt + kept response without the last kept column (the teacher's token,
+    not yet encoded), left-packed as ``pack_tokens`` packs the context."""
+    real = torch.cat([prompt_mask, keep], dim=1)[rows]  # [N, P+R]
+    last_real = real.size(1) - 1 - real.flip(1).long().argmax(1)  # [N]
+    cached = real.clone()
+    cached[torch.arange(real.size(0), device=real.device), last_real] = False
+    order = torch.sort(cached.long(), dim=1, stable=True).indices  # real columns last, in order
+    return order[:, real.size(1) - width :]

@@ -117,7 +117,8 @@ def test_other_lightning_commands_check_first_too(command, extra, expected, tiny
 
 
 def test_command_line_mistakes(capsys):
-    assert "commands: fit, validate, test, predict, prepare-tiny, prepare-smollm2, demo, evaluate, export, reproduce" in error_line(["fitt"], capsys)
+    assert ("commands: fit, validate, test, predict, prepare, prepare-tiny, prepare-smollm2, train-tokenizer, demo, evaluate, "
+            "table, export, reproduce") in error_line(["fitt"], capsys)
     assert "`fit` needs a config: pass --config configs/<pair>/<method>.yaml" in error_line(["fit"], capsys)
     assert "config file not found: " in error_line(["fit", "--config", "nope.yaml"], capsys)
     assert "missing required options: --checkpoint, --out" in error_line(["export"], capsys)

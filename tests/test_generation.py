@@ -13,6 +13,7 @@ from mgsr_lightning.generation import (
     SamplingConfig,
     choose_tokens,
     filter_logits,
+    inverse_cdf,
     response_logits,
     sample,
 )
@@ -251,6 +252,17 @@ def test_top_k_sampling_draws_only_among_the_k_best():
     logits = torch.tensor([0.0, 2.0, 1.0, 1.5, -1.0]).expand(2000, 5)
     draws = choose_tokens(logits, SamplingConfig(top_k=2))
     assert set(draws.tolist()) == {1, 3}
+
+
+def test_seeded_draws_follow_the_distribution_and_skip_impossible_tokens():
+    probs = torch.tensor([0.0, 0.5, 0.0, 0.3, 0.2, 0.0])
+    draws = choose_tokens(probs.log().expand(20_000, 6), SamplingConfig(), seeds=torch.arange(20_000), counter=3)
+    frequencies = torch.bincount(draws, minlength=6).double() / 20_000
+    torch.testing.assert_close(frequencies, probs.double(), atol=0.015, rtol=0)
+    # a uniform at the top of [0, 1) lands on the last token with mass, never on the impossible tail
+    edge = inverse_cdf(probs[None], torch.tensor([1 - 2.0**-53], dtype=torch.float64))
+    assert edge.tolist() == [4]
+    assert inverse_cdf(probs[None], torch.zeros(1, dtype=torch.float64)).tolist() == [1]
 
 
 def test_sampling_config_rejects_invalid_values():

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_models import build_tiny_model, cli_overrides
+from tiny_models import build_tiny_model, cli_overrides, last_checkpoint
 
 from mgsr_lightning.errors import ConfigError
 from mgsr_lightning.models import LoraSettings, ModelSource, kept_layer_indices, load_causal_lm
@@ -94,5 +94,11 @@ def test_lora_student_fits_and_exports_merged(tiny_assets, tmp_path):
     assert frozen.keys() == dict(base.named_parameters()).keys()
     for name, value in base.named_parameters():  # the base weights did not move
         torch.testing.assert_close(frozen[name], value, rtol=0, atol=0)
+    from mgsr_lightning.pipeline.commands import export
+
+    export(last_checkpoint(cli.trainer), str(tmp_path / "from_checkpoint"))  # the student rebuilt with its adapters
+    from_checkpoint = AutoModelForCausalLM.from_pretrained(tmp_path / "from_checkpoint").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(from_checkpoint(ids).logits, student(ids).logits, rtol=1e-4, atol=1e-5)
     generator = pipeline("text-generation", model=str(tmp_path / "run" / "hf"), device="cpu")
     assert generator("Add 3 and 4.\n", max_new_tokens=4, do_sample=False)[0]["generated_text"].startswith("Add 3 and 4.\n")

@@ -25,8 +25,10 @@ from test_generation import (
     with_output_bias,
 )
 
-from mgsr_lightning.batch import Rollout
-from mgsr_lightning.generation import Decoding, SamplingConfig, response_logits, sample
+from mgsr_lightning.batch import Rollout, positions_from_mask
+from mgsr_lightning.generation import (
+    Decoding, SamplingConfig, realigned_cache, response_logits, response_logits_and_cache, sample,
+)
 from mgsr_lightning.error_search import find_error_positions, token_nll
 from mgsr_lightning.scrg import ScrgConfig, revise
 from mgsr_lightning.seeding import derive_seeds, row_generators
@@ -546,3 +548,57 @@ def test_padded_vocabulary_is_cut_before_scoring(random_pair):
     assert (uncut.rollout.response_ids >= 300).any()
     assert cut.stats["corrected_fraction"] > 0
     assert (cut.rollout.response_ids[cut.rollout.response_mask] < 300).all()
+
+
+# ---------------------------------------------------------------- re-generation from the scoring forward's KV cache
+
+
+@pytest.mark.parametrize("family", ["gpt2", "opt", "llama"])
+def test_realigned_cache_gives_the_logits_of_re_encoding_the_prefix(family):
+    model = sharpened(build_tiny_model(family, VOCAB, seed=3, n_layer=2))
+    rollout = sample(model, *left_padded(PROMPTS, 2), Decoding(EIGHT_TOKENS, **IDS), seeds=torch.tensor([1, 2, 3]))
+    _, cache = response_logits_and_cache(model, rollout)
+    cuts = torch.tensor([5, 0, 3])  # per row: keep response[:cut], then feed a new token
+    new_tokens = torch.tensor([70, 71, 72])
+    columns = torch.arange(rollout.response_ids.size(1))[None, :]
+    keep = rollout.response_mask & (columns < cuts[:, None])
+    prompts, responses = rollout.to_token_lists()
+    contexts = [p + r[:cut] + [token] for p, r, cut, token in zip(prompts, responses, cuts.tolist(), new_tokens.tolist())]
+    context_ids, context_mask = left_padded(contexts)
+
+    # The context less its new token is prompt + response[:cut]: its columns in the scoring forward.
+    real = torch.cat([rollout.prompt_mask, keep], 1)
+    order = torch.sort(real.long(), dim=1, stable=True).indices[:, real.size(1) - (context_ids.size(1) - 1):]
+    realigned = realigned_cache(cache, torch.arange(3), order)
+    assert realigned is not None
+    positions = positions_from_mask(context_mask)
+    continued = model(input_ids=context_ids[:, -1:], attention_mask=context_mask.long(),
+                      position_ids=positions[:, -1:], cache=realigned, use_cache=True).logits[:, -1]
+    encoded = model(input_ids=context_ids, attention_mask=context_mask.long(), position_ids=positions).logits[:, -1]
+    torch.testing.assert_close(continued, encoded, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "opt", "llama"])
+def test_regeneration_from_the_cache_equals_re_encoding(family):
+    student = sharpened(build_tiny_model(family, VOCAB, seed=2, n_layer=2))
+    teacher = sharpened(build_tiny_model(family, VOCAB, seed=1, n_layer=2))
+    seeds = torch.tensor([10, 20, 30])
+    rollout = sample(student, *left_padded(PROMPTS, 2), Decoding(EIGHT_TOKENS, **IDS), seeds=seeds)
+    config = ScrgConfig(n_corrections=3)
+
+    cached = run_revise(student, teacher, rollout, config, seeds=seeds)
+    encoded = run_revise(student, teacher, rollout, dataclasses.replace(config, reuse_cache=False), seeds=seeds)
+
+    assert cached.stats["corrected_fraction"] > 0 and cached.stats["mean_regenerated_tokens"] > 0
+    assert torch.equal(cached.rollout.response_ids, encoded.rollout.response_ids)
+    assert torch.equal(cached.rollout.response_mask, encoded.rollout.response_mask)
+    torch.testing.assert_close(cached.teacher_logits, encoded.teacher_logits)
+
+
+def test_a_cache_that_cannot_be_realigned_falls_back_to_re_encoding():
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicSlidingWindowLayer
+
+    sliding = DynamicCache()
+    sliding.layers = [DynamicSlidingWindowLayer(sliding_window=4)]
+    assert realigned_cache(sliding, torch.arange(1), torch.zeros(1, 2, dtype=torch.long)) is None

@@ -11,7 +11,7 @@ Protocol (MiniLLM/DistiLLM ``evaluate_main.py`` + ``run_eval.sh``):
 - score: ROUGE-L F ×100 with rouge-score (stemmed, max over references), mean over examples per seed;
   the reported number is the mean over seeds, with the sample std across seeds.
 
-**Reproducibility.** Example ``i`` of a set is sampled with its own generator seeded with
+**Reproducibility.** Example ``i`` of a set is sampled from its own random stream keyed by
 ``seed * 1_000_003 + i`` (:func:`mgsr_lightning.seeding.example_seeds`), so its response — and thus the score — does not
 depend on the evaluation batch size, on the other examples in the batch, or on the number of DDP
 ranks (for a given device type and library versions). The peers seed one global RNG per rank

@@ -250,13 +250,13 @@ def dac_kl(
         log_weight = torch.cat([torch.zeros_like(log_band[:, :1]), log_band[:, 1:]], -1) if target_class else log_band
         teacher_clipped = log_weight + teacher_sorted  # log t_k, [n, V]
         student_clipped = log_weight + student_sorted  # log s_k, [n, V]
-        if variant == "rest":  # log t_rest, log s_rest as entry V + 1: [n, V + 1] each, summing to 1
-            teacher_clipped = torch.cat([teacher_clipped, _log_out_of_band(log_weight, teacher_sorted)], -1)
-            student_clipped = torch.cat([student_clipped, _log_out_of_band(log_weight, student_sorted)], -1)
+        if variant == "rest":  # log t_rest, log s_rest: entry V + 1, added as its own term (no [n, V + 1] copies)
+            rest = kl_terms(_log_out_of_band(log_weight, teacher_sorted), _log_out_of_band(log_weight, student_sorted))
+            kl = kl_terms(teacher_clipped, student_clipped).sum(-1) + rest.squeeze(-1)  # [n]
         else:
             teacher_clipped = teacher_clipped - teacher_clipped.logsumexp(-1, keepdim=True)
             student_clipped = student_clipped - student_clipped.logsumexp(-1, keepdim=True)
-        kl = kl_terms(teacher_clipped, student_clipped).sum(-1)  # [n]
+            kl = kl_terms(teacher_clipped, student_clipped).sum(-1)  # [n]
         objective = kl + lam_cov * coverage_penalty if guarded else kl
         diagnostics = [kl, coverage_penalty, lower, upper, kept]  # in the order of DIAGNOSTICS
         return torch.stack([objective, *(value.detach() for value in diagnostics)], -1)

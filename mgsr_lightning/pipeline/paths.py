@@ -34,3 +34,14 @@ def environment(**values: str) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def composed_config(pair: str, name: str = "base") -> dict:
+    """``configs/<pair>/<name>.yaml`` with its ``_base_`` files merged and interpolations resolved."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    from mgsr_lightning.cli import _compose
+
+    path = config_path(pair, name)
+    return OmegaConf.to_container(_compose(yaml.safe_load(path.read_text()), path.parent, ()), resolve=True)

@@ -17,6 +17,7 @@ from mgsr_lightning.data.records import read_jsonl
 from mgsr_lightning.data.reasoning_tasks import write_reason_dataset
 from mgsr_lightning.data.templates import render_prompt
 from mgsr_lightning.data.tiny_tasks import write_tiny_dataset
+from mgsr_lightning.pipeline.manifest import Manifest
 from mgsr_lightning.pipeline.paths import ROOT_ENVS, TINY_ROOT_ENV, config_path, environment
 from mgsr_lightning.tokenizer import train_bpe_tokenizer
 
@@ -76,9 +77,10 @@ def prepare_tiny(
     validation.writable_folder("out", root)
     data_dir, tokenizer_dir, teacher_dir = root / "data", root / "tokenizer", root / "teacher"
     if force or not (data_dir / "test.jsonl").is_file():
-        requested = {"train": train_size, "validation": validation_size, "test": test_size}
-        write_dataset(data_dir, {split: requested[split] or sizes[split] for split in sizes}, seed)
-        log.info("wrote the %s dataset to %s", pair, data_dir)
+        write_generated_data(root, pair, write_dataset, {"train": train_size, "validation": validation_size,
+                                                          "test": test_size}, sizes, seed)
+    else:
+        log.info("reusing the %s dataset in %s (--force generates it again)", pair, data_dir)
     if pair in STUDENT_TRAIN_ROWS and (force or not (data_dir / "student_train.jsonl").is_file()):
         with open(data_dir / "train.jsonl", encoding="utf-8") as rows:
             head = [line for _, line in zip(range(STUDENT_TRAIN_ROWS[pair]), rows)]
@@ -90,7 +92,25 @@ def prepare_tiny(
         vocab_size = vocab_size or default_vocab
         train_bpe_tokenizer(texts, vocab_size=vocab_size, save_dir=tokenizer_dir, model_max_length=model_max_length)
         log.info("trained a %d-token BPE tokenizer into %s", vocab_size, tokenizer_dir)
+    else:
+        log.info("reusing the tokenizer in %s", tokenizer_dir)
     if force or not (teacher_dir / "config.json").is_file():
         log.info("training the %s teacher (SFT); cached in %s for later runs", pair, teacher_dir)
         fit_config(pair, "teacher", root)
+    else:
+        log.info("reusing the teacher in %s (--force trains it again)", teacher_dir)
     return root
+
+
+def write_generated_data(root: Path, pair: str, write_dataset, requested: dict, sizes: dict, seed: int) -> None:
+    """Generate the pair's dataset into ``root/data``, never over files that an earlier run of this
+    command did not write itself (a user's own data put there is left alone, and the command stops)."""
+    manifest = Manifest(root)
+    paths = [root / "data" / f"{split}.jsonl" for split in sizes]
+    manifest.check_overwritable(*paths, command="prepare-tiny", advice=(
+        f"to distil on your own data use `python -m mgsr_lightning prepare --data DIR --out {root}-own`; to generate the "
+        f"{pair} dataset here, move those files away first"))
+    write_dataset(root / "data", {split: requested[split] or sizes[split] for split in sizes}, seed)
+    manifest.record_files(*paths)
+    manifest.save()
+    log.info("wrote the %s dataset to %s", pair, root / "data")

@@ -1,0 +1,322 @@
+"""Your own instruction data through the embedded pipeline: ``prepare`` and ``train-tokenizer``.
+
+``prepare`` does for a user's JSONL files what ``prepare-tiny`` does for the generated task: it
+fills one folder (the *root*, which ``configs/tiny`` reads through ``MGSR_TINY_DIR``) with
+
+- ``data/{train,validation,test}.jsonl``: copies of the given files, checked row by row (the
+  given files are only read);
+- ``tokenizer/``: a byte-level BPE trained on the training rows (or a copy of ``--tokenizer``);
+- ``teacher/``: the teacher of ``configs/<pair>/teacher.yaml`` trained by SFT on the training rows;
+
+and says what it did: rows per split and how many fit the config's length limits, the tokenizer's
+vocabulary, the teacher's steps and validation ROUGE-L. Each step records the fingerprint of its
+inputs in ``prepared.json`` (:mod:`mgsr_lightning.pipeline.manifest`) and is reused only when they
+match; a file or folder in the root that the command did not write is never replaced.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from mgsr_lightning import atomic
+from mgsr_lightning.data.records import read_jsonl
+from mgsr_lightning.data.templates import PromptTemplate, render_prompt
+from mgsr_lightning.errors import ConfigError, MissingFileError
+from mgsr_lightning.pipeline.checks import _config_texts
+from mgsr_lightning.pipeline.manifest import Manifest, file_sha256, fingerprint, folder_sha256
+from mgsr_lightning.pipeline.paths import ROOT_ENVS, composed_config, config_path, environment
+from mgsr_lightning.validation import at_least, writable_folder
+
+log = logging.getLogger(__name__)
+
+SPLITS = ("train", "validation", "test")
+SPLIT_FILE_NAMES = {"train": ("train.jsonl",), "validation": ("validation.jsonl", "valid.jsonl", "val.jsonl"),
+                    "test": ("test.jsonl",)}
+DEFAULT_VOCAB = {"tiny": 1024, "reason": 2048}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def tokenizer_texts(records: list[dict[str, Any]], template: PromptTemplate) -> list[str]:
+    """The text a tokenizer for these rows should compress: each prompt as training renders it, then each reference."""
+    texts = []
+    for record in records:
+        outputs = record["output"] if isinstance(record["output"], list) else [record["output"]]
+        texts += [(record.get("prompt") or render_prompt(record, template)) + output for output in outputs]
+    return texts
+
+
+def _train_bpe(records: list[dict[str, Any]], vocab_size: int, template: PromptTemplate, model_max_length: int,
+               out: Path) -> int:
+    """Train a byte-level BPE on ``records`` into ``out``; returns its vocabulary size."""
+    from mgsr_lightning.tokenizer import train_bpe_tokenizer
+
+    with atomic.atomic_folder(out, last="tokenizer.json") as temporary:
+        tokenizer = train_bpe_tokenizer(tokenizer_texts(records, template), vocab_size=vocab_size, save_dir=temporary,
+                                        model_max_length=model_max_length)
+    return len(tokenizer)
+
+
+def train_tokenizer(
+    data: str,
+    out: str,
+    vocab_size: int = 1024,
+    template: PromptTemplate = "alpaca",
+    model_max_length: int = 512,
+) -> None:
+    """Train a GPT-2-style byte-level BPE tokenizer on instruction data (for students and teachers built from configs).
+
+    Args:
+        data: A JSONL file of rows (instruction/input/output, instruction/context/response or
+            prompt/response), or a folder holding ``train.jsonl``.
+        out: Folder to save the tokenizer in (``save_pretrained`` layout); it must be new, empty, or a
+            tokenizer folder (which is replaced).
+        vocab_size: Vocabulary size, the 256 byte symbols and the two special tokens included.
+        template: The prompt template training will use (``plain``, ``alpaca``; ``chat`` needs a tokenizer).
+        model_max_length: The tokenizer's ``model_max_length`` (the positions of the models it serves).
+    """
+    at_least("vocab_size", vocab_size, 258)  # the 256 byte symbols and two special tokens
+    at_least("model_max_length", model_max_length, 1)
+    if template == "chat":
+        raise ConfigError("template: 'chat' renders prompts with a tokenizer's chat template; train with 'plain' or 'alpaca'")
+    source = Path(data)
+    if source.is_dir():
+        source = source / "train.jsonl"
+    if not source.is_file():
+        raise MissingFileError(f"data: not found: {source} (give a JSONL file or a folder holding train.jsonl)")
+    folder = Path(out)
+    if folder.is_file() or (folder.is_dir() and any(folder.iterdir())
+                            and not any((folder / name).is_file() for name in TOKENIZER_FILES)):
+        raise ConfigError(f"out: {folder} holds other files; give a new or empty folder (a tokenizer folder is replaced)")
+    writable_folder("out", folder)
+    records = read_jsonl(source)
+    size = _train_bpe(records, vocab_size, template, model_max_length, folder)
+    print(f"trained a byte-level BPE of {size} tokens on {len(records)} rows of {source} ({template} prompts); "
+          f"saved to {folder}")
+
+
+def _input_files(data: str | None, train: str | None, validation_file: str | None, test: str | None) -> dict[str, Path]:
+    """The train, validation and test files, from ``--data DIR`` or given one by one (which take precedence)."""
+    given = {"train": train, "validation": validation_file, "test": test}
+    if data is None and None in given.values():
+        missing = ", ".join(f"--{split}" for split, path in given.items() if path is None)
+        raise ConfigError(f"prepare needs your train, validation and test JSONL files: --data DIR (holding train.jsonl, "
+                          f"validation.jsonl and test.jsonl) or --train/--validation/--test; missing: {missing}")
+    files = {}
+    for split in SPLITS:
+        if given[split] is not None:
+            path = Path(given[split])
+        else:
+            folder = Path(data)
+            if not folder.is_dir():
+                raise MissingFileError(f"data: no such folder: {folder}")
+            candidates = [folder / name for name in SPLIT_FILE_NAMES[split]]
+            path = next((candidate for candidate in candidates if candidate.is_file()), candidates[0])
+        if not path.is_file():
+            raise MissingFileError(f"{split} data not found: {path}" + (
+                f" (--data needs {' or '.join(SPLIT_FILE_NAMES[split])} in {data}, or give --{split})" if given[split] is None else ""))
+        files[split] = path.resolve()
+    return files
+
+
+def _copy(source: Path, target: Path) -> None:
+    with atomic.atomic_path(target) as temporary:
+        shutil.copyfile(source, temporary)
+
+
+def _same(a: Path, b: Path) -> bool:
+    return b.exists() and os.path.samefile(a, b)
+
+
+def _fits(records: list[dict[str, Any]], tokenizer, data_config: dict[str, Any], max_length: int | None, name: str) -> int:
+    """How many rows the pair's length limits keep (as training and evaluation encode them)."""
+    from mgsr_lightning.data.datamodule import encode_records
+    from mgsr_lightning.tokenizer import token_id
+
+    datamodule_log = logging.getLogger("mgsr_lightning.data.datamodule")
+    level = datamodule_log.level
+    datamodule_log.setLevel(logging.ERROR)  # the summary states the counts; training logs the drops again anyway
+    try:
+        examples, _ = encode_records(records, tokenizer, template=data_config.get("template", "alpaca"),
+                                     eos_token_id=token_id(tokenizer, data_config.get("eos_token")),
+                                     max_length=max_length,
+                                     max_prompt_length=data_config["max_prompt_length"], name=name)
+    finally:
+        datamodule_log.setLevel(level)
+    return len(examples)
+
+
+def _train_teacher(pair: str, root: Path, steps: int | None, teacher_config: dict[str, Any]) -> dict[str, Any]:
+    """SFT of ``configs/<pair>/teacher.yaml`` on the root's data; returns what was trained."""
+    from mgsr_lightning.cli import run_cli
+
+    overrides = []
+    if steps is not None:
+        interval = teacher_config["trainer"].get("val_check_interval") or steps
+        overrides = [f"--trainer.max_steps={steps}", f"--trainer.val_check_interval={min(int(interval), steps)}"]
+    started = time.perf_counter()
+    with environment(**{ROOT_ENVS[pair]: str(root)}):
+        cli = run_cli(["fit", "--config", str(config_path(pair, "teacher")), *overrides])
+    score = cli.trainer.checkpoint_callback.best_model_score if cli.trainer.checkpoint_callback else None
+    return {
+        "steps": int(cli.trainer.global_step),
+        "parameters": sum(p.numel() for p in cli.model.student.parameters()),
+        "best_val_rougeL": None if score is None else round(float(score), 2),
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+
+
+def prepare(
+    data: str | None = None,
+    train: str | None = None,
+    validation: str | None = None,
+    test: str | None = None,
+    out: str | None = None,
+    tokenizer: str | None = None,
+    vocab_size: int | None = None,
+    teacher_steps: int | None = None,
+    pair: str = "tiny",
+) -> Path:
+    """Prepare your own instruction data for distillation: copy and check it, train a tokenizer and the teacher.
+
+    Fills the folder the pair's configs read (``MGSR_TINY_DIR`` for ``tiny``), so that
+    ``fit --config configs/tiny/<method>.yaml`` then distils a student on your data. Your files are
+    only read. Running it again reuses each step whose inputs (data, vocabulary, teacher config and
+    steps) are unchanged, and redoes the others.
+
+    Args:
+        data: Folder with ``train.jsonl``, ``validation.jsonl`` (or ``valid.jsonl``/``val.jsonl``) and
+            ``test.jsonl``; rows with instruction/input/output, instruction/context/response or prompt/response.
+        train: The training file (instead of, or overriding, ``data``'s).
+        validation: The validation file.
+        test: The test file.
+        out: Folder to fill (default: ``$MGSR_TINY_DIR``, or ``$MGSR_REASON_DIR`` for ``--pair reason``).
+        tokenizer: A tokenizer folder to use instead of training one (copied into the folder).
+        vocab_size: Vocabulary of the trained byte-level BPE (default 1024 for tiny, 2048 for reason).
+        teacher_steps: SFT steps of the teacher (default: ``configs/<pair>/teacher.yaml``'s).
+        pair: ``tiny`` (4-layer teacher, 2-layer student, short answers) or ``reason`` (longer answers).
+    """
+    if pair not in ROOT_ENVS:
+        raise ConfigError(f"pair: prepare fills the folder of an embedded pair's configs; pairs: {', '.join(ROOT_ENVS)}")
+    at_least("vocab_size", vocab_size, 258)
+    at_least("teacher_steps", teacher_steps, 1)
+    if tokenizer is not None and vocab_size is not None:
+        raise ConfigError("give --tokenizer (a tokenizer to use) or --vocab_size (of the one to train), not both")
+    if tokenizer is not None and not any((Path(tokenizer) / name).is_file() for name in TOKENIZER_FILES):
+        raise MissingFileError(f"tokenizer: {tokenizer} is not a tokenizer folder (no {' or '.join(TOKENIZER_FILES)})")
+    files = _input_files(data, train, validation, test)
+    root_value = out or os.environ.get(ROOT_ENVS[pair])
+    if not root_value:
+        raise ConfigError(f"prepare needs a folder to fill: --out DIR, or {ROOT_ENVS[pair]}=DIR in the environment "
+                          f"(the folder configs/{pair} read)")
+    root = Path(root_value).expanduser().resolve()
+    records = {split: read_jsonl(path) for split, path in files.items()}  # a bad row fails here, naming file and line
+    writable_folder("out", root)
+    base = composed_config(pair)
+    manifest = Manifest(root)
+    data_hashes = _copy_data(files, root, manifest)
+    tokenizer_fingerprint, tokenizer_summary, tokenizer_note = _tokenizer_step(
+        root, manifest, records["train"], data_hashes["train"], tokenizer, vocab_size or DEFAULT_VOCAB[pair],
+        base["data"].get("template", "alpaca"), base["model"]["init_args"]["student"]["config"]["n_positions"])
+    teacher_summary, teacher_note = _teacher_step(root, manifest, pair, tokenizer_fingerprint, data_hashes, teacher_steps)
+
+    from mgsr_lightning.tokenizer import load_tokenizer
+
+    loaded = load_tokenizer(str(root / "tokenizer"))
+    data_config = base["data"]
+    fits = {split: _fits(records[split], loaded, data_config, data_config["max_length"] if split != "test" else None,
+                         split) for split in SPLITS}
+    _print_summary(pair, root, files, records, fits, data_config, tokenizer_summary, tokenizer_note, teacher_summary,
+                   teacher_note)
+    return root
+
+
+ADVICE = "choose another --out, or move it away"
+
+
+def _copy_data(files: dict[str, Path], root: Path, manifest: Manifest) -> dict[str, str]:
+    """Copy the splits to ``root/data`` (where the configs read them) unless already there; returns their hashes."""
+    copies = {split: root / "data" / f"{split}.jsonl" for split in SPLITS}
+    to_copy = [split for split in SPLITS if not _same(files[split], copies[split])
+               and not (copies[split].is_file() and file_sha256(copies[split]) == file_sha256(files[split]))]
+    manifest.check_overwritable(*(copies[split] for split in to_copy), command="prepare", advice=ADVICE)
+    for split in to_copy:
+        _copy(files[split], copies[split])
+        manifest.record_files(copies[split])
+    manifest.save()
+    return {split: file_sha256(copies[split]) for split in SPLITS}
+
+
+def _tokenizer_step(root: Path, manifest: Manifest, train_records: list[dict[str, Any]], train_hash: str,
+                    given: str | None, vocab_size: int, template: PromptTemplate, model_max_length: int):
+    """``root/tokenizer``: a copy of ``given``, or a BPE trained on the training rows; reused for the same inputs.
+    Returns (fingerprint, summary, note)."""
+    tokenizer_dir = root / "tokenizer"
+    if given is not None:
+        inputs = {"copied_from": folder_sha256(given)}
+    else:
+        inputs = {"bpe_vocab_size": vocab_size, "train": train_hash, "template": template,
+                  "model_max_length": model_max_length}
+    step_fingerprint = fingerprint(inputs)
+    if manifest.step_matches("tokenizer", step_fingerprint, tokenizer_dir):
+        return step_fingerprint, manifest.steps["tokenizer"]["summary"], "reused: same inputs"
+    if not (given is not None and _same(Path(given), tokenizer_dir)):
+        manifest.check_step_output("tokenizer", tokenizer_dir, ADVICE)
+        if tokenizer_dir.exists():
+            shutil.rmtree(tokenizer_dir)
+        if given is not None:
+            shutil.copytree(given, tokenizer_dir)
+        else:
+            _train_bpe(train_records, vocab_size, template, model_max_length, tokenizer_dir)
+    from mgsr_lightning.tokenizer import load_tokenizer
+
+    summary = {"vocab_size": len(load_tokenizer(str(tokenizer_dir))),
+               "source": str(Path(given).resolve()) if given else f"byte-level BPE trained on the {len(train_records)} training rows"}
+    manifest.record_step("tokenizer", step_fingerprint, summary)
+    manifest.save()
+    return step_fingerprint, summary, "new"
+
+
+def _teacher_step(root: Path, manifest: Manifest, pair: str, tokenizer_fingerprint: str, data_hashes: dict[str, str],
+                  steps: int | None):
+    """``root/teacher``: SFT of ``configs/<pair>/teacher.yaml``; reused for the same data, tokenizer, config and
+    steps. Returns (summary, note)."""
+    teacher_dir = root / "teacher"
+    step_fingerprint = fingerprint({"tokenizer": tokenizer_fingerprint, "train": data_hashes["train"],
+                                    "validation": data_hashes["validation"], "steps": steps,
+                                    "config": _config_texts(config_path(pair, "teacher"))})
+    if manifest.step_matches("teacher", step_fingerprint, teacher_dir / "config.json"):
+        return manifest.steps["teacher"]["summary"], "reused: same data, tokenizer, config and steps"
+    manifest.check_step_output("teacher", teacher_dir, ADVICE)
+    if (root / "students").is_dir():
+        log.warning("the students in %s were distilled from the previous teacher; train them again", root / "students")
+    log.info("training the teacher (SFT, configs/%s/teacher.yaml) on %s", pair, root / "data" / "train.jsonl")
+    summary = _train_teacher(pair, root, steps, composed_config(pair, "teacher"))
+    manifest.record_step("teacher", step_fingerprint, summary)
+    manifest.save()
+    return summary, f"trained in {summary['seconds']:.0f} s"
+
+
+def _print_summary(pair, root, files, records, fits, data_config, tokenizer_summary, tokenizer_note, teacher_summary,
+                   teacher_note) -> None:
+    limits = (f"prompts <= {data_config['max_prompt_length']} tokens, prompt + response <= {data_config['max_length']} "
+              f"(configs/{pair}/base.yaml)")
+    lines = [f"prepared {root} for distillation on your data ({pair} pair):", "  data (your files are only read):"]
+    for split in SPLITS:
+        lines.append(f"    {split:<10} {len(records[split]):>6} rows, {fits[split]:>6} within the length limits  <- {files[split]}")
+    lines.append(f"    length limits: {limits}")
+    if any(fits[split] < len(records[split]) for split in SPLITS):
+        lines.append("    rows over the limits are left out of training and evaluation; to keep them raise "
+                     "--data.max_prompt_length/--data.max_length (and the models' n_positions) when you fit")
+    lines.append(f"  tokenizer: vocabulary {tokenizer_summary['vocab_size']}, {tokenizer_summary['source']} "
+                 f"({tokenizer_note})")
+    rouge = teacher_summary.get("best_val_rougeL")
+    lines.append(f"  teacher: {teacher_summary['parameters'] / 1e6:.2f} M parameters, {teacher_summary['steps']} SFT steps"
+                 f"{'' if rouge is None else f', best validation ROUGE-L {rouge:.2f}'} ({teacher_note})")
+    lines += ["next:", f"  export {ROOT_ENVS[pair]}={root}",
+              f"  python -m mgsr_lightning fit --config configs/{pair}/mgsr.yaml   # and configs/{pair}/sft.yaml, ..."]
+    print("\n".join(lines), flush=True)
