@@ -12,7 +12,8 @@ def test_known_ratio_and_the_graph_is_kept():
     bias = torch.randn(4, requires_grad=True)
     base = (weight.sum(0) + bias).pow(2).sum()
     ratio = gradient_norm_ratio(3 * base, base, [weight, bias])
-    assert ratio.item() == torch.tensor(3.0).item() and not ratio.requires_grad
+    torch.testing.assert_close(ratio, torch.tensor(3.0))  # up to float32 rounding of the two norms
+    assert not ratio.requires_grad
     (base + 3 * base).backward()  # still differentiable afterwards
     assert weight.grad is not None
 
