@@ -33,6 +33,7 @@ from mgsr_lightning.callbacks import (
 )
 from mgsr_lightning.generation import Decoding, SamplingConfig, response_logits
 from mgsr_lightning.losses.objective import DistillLoss, Objective, SpanLoss, build_clip_net, response_cross_entropy
+from mgsr_lightning.losses.saturation import FarFromTeacherWarning, saturation_message
 from mgsr_lightning.models import ModelSource, check_pair_vocabularies, load_causal_lm
 from mgsr_lightning.optim import OptimizerConfig, build_optimizer, clip_gradients, no_decay_names, parameter_groups
 from mgsr_lightning.regimes import NoStudentOutputsWarning, RegimeConfig, TrainingSequences, build_regime
@@ -242,6 +243,10 @@ class DistillLightningModule(L.LightningModule):
         # 3. the loss terms and their weighted sum
         measure = self.span.grad_ratio_every > 0 and self.global_step % self.span.grad_ratio_every == 0
         loss, metrics = self.objective(sequences, student_logits, teacher_logits, ground_truth, ground_truth_logits, measure)
+        if self.global_step == 0 and "train/distill" in metrics:  # a bounded term already at its ceiling
+            message = saturation_message(self.distill.name, self.distill.params, float(metrics["train/distill"].detach()))
+            if message is not None:
+                rank_zero_warn(message, category=FarFromTeacherWarning)
         # 4. one log of the step
         self.log("train/loss", loss, prog_bar=True, batch_size=ground_truth.batch_size)
         lr = self.optimizers().param_groups[0]["lr"]

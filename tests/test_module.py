@@ -247,3 +247,29 @@ def test_kd_on_ground_truth_never_warns_about_student_outputs(tiny_assets, tmp_p
         warnings.simplefilter("always")
         fit("kd", tiny_assets, tmp_path / "kd")
     assert not [w for w in recorded if issubclass(w.category, NoStudentOutputsWarning)]
+
+
+def test_distillm_from_a_student_far_from_the_teacher_says_so_on_its_first_step(tiny_assets, tmp_path):
+    """A teacher sure of its tokens and a random student: DistiLLM's skew KL starts at its ceiling
+    log(1/alpha), where its gradient nearly vanishes; the first step says so and how to fix it. The
+    same random pair with the near-uniform tiny teacher is far below the ceiling: nothing is said."""
+    import warnings
+
+    from transformers import AutoModelForCausalLM
+
+    from mgsr_lightning.losses.saturation import FarFromTeacherWarning
+
+    teacher = AutoModelForCausalLM.from_pretrained(tiny_assets["models"]["gpt2"]["teacher"])
+    with torch.no_grad():
+        teacher.lm_head.weight.mul_(200.0)  # tied to the embeddings: every output distribution turns peaked
+    teacher.save_pretrained(tmp_path / "sure_teacher")
+    sure = f'--model.init_args.teacher={{"name_or_path": "{tmp_path / "sure_teacher"}", "dtype": "float32"}}'
+    with pytest.warns(FarFromTeacherWarning, match=r"skew forward KL is 2\.\d\d nats per token at step 0, 9\d% of "
+                      r"its bound log\(1/alpha\) = 2\.30.*an SFT student") as caught:
+        fit("distillm", tiny_assets, tmp_path / "far", sure)
+    assert len([w for w in caught if w.category is FarFromTeacherWarning]) == 1  # the first step only
+
+    with warnings.catch_warnings(record=True) as recorded:
+        warnings.simplefilter("always")
+        fit("distillm", tiny_assets, tmp_path / "near")
+    assert not [w for w in recorded if issubclass(w.category, FarFromTeacherWarning)]
