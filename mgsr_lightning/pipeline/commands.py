@@ -140,7 +140,7 @@ def _pair_setup(pair: str, data_source: str | None, eval_source: str | None, max
                             template="chat", max_examples=max_eval_examples, show_progress=False)
         return {ROOT_ENV: str(root)}, eval_sets, config, root / "teacher"
     if pair in EMBEDDED_EVAL:
-        root = prepare_tiny(pair=pair)
+        root = prepare_tiny(out=f"artifacts/{pair}", pair=pair)  # the embedded data, whatever MGSR_TINY_DIR holds
         max_new_tokens, max_prompt_length = EMBEDDED_EVAL[pair]
         eval_sets = {f"{pair}-test": load_records(str(root / "data" / "test.jsonl"))}
         config = EvalConfig(sampling=SamplingConfig(max_new_tokens=max_new_tokens), batch_size=100,

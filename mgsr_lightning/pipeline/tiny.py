@@ -10,6 +10,7 @@ teacher.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 from mgsr_lightning import validation
@@ -56,9 +57,10 @@ def prepare_tiny(
     """Prepare an embedded pair: data, tokenizer and the SFT-trained teacher.
 
     Args:
-        out: Folder of the artifacts (``data/``, ``tokenizer/``, ``teacher/``; default
-            ``artifacts/<pair>``); configs/tiny reads it through ``${oc.env:MGSR_TINY_DIR,artifacts/tiny}``,
-            configs/reason through ``MGSR_REASON_DIR``.
+        out: Folder of the artifacts (``data/``, ``tokenizer/``, ``teacher/``; default: ``$MGSR_TINY_DIR``
+            (``$MGSR_REASON_DIR`` for ``reason``) when set, else ``artifacts/<pair>``), the folder that
+            configs/tiny read through ``${oc.env:MGSR_TINY_DIR,artifacts/tiny}`` (configs/reason through
+            ``MGSR_REASON_DIR``), so that a ``fit`` after this command finds what it prepared.
         train_size: Generated training rows (default: the pair's, 20000 for tiny, 8000 for reason).
         validation_size: Generated validation rows (default 200).
         test_size: Generated test rows (default: 400 for tiny, 240 for reason).
@@ -73,7 +75,7 @@ def prepare_tiny(
             validation.at_least(name, size, 1)
     if vocab_size is not None:
         validation.at_least("vocab_size", vocab_size, 258)  # the 256 byte symbols and two special tokens
-    root = Path(out or f"artifacts/{pair}").resolve()
+    root = Path(out or os.environ.get(ROOT_ENVS[pair]) or f"artifacts/{pair}").resolve()
     validation.writable_folder("out", root)
     data_dir, tokenizer_dir, teacher_dir = root / "data", root / "tokenizer", root / "teacher"
     if force or not (data_dir / "test.jsonl").is_file():

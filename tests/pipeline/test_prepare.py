@@ -175,3 +175,14 @@ def test_prepare_tiny_regenerates_its_own_data_with_force_unless_changed(tmp_pat
         tiny.prepare_tiny(out=str(root), **SMALL_TINY)
     assert tiny_teacher_runs == ["teacher", "teacher"]
     shutil.rmtree(root)
+
+
+def test_prepare_tiny_fills_the_folder_the_configs_read(tmp_path, tiny_teacher_runs, monkeypatch):
+    """With MGSR_TINY_DIR set, prepare-tiny prepares that folder (configs/tiny read it), not artifacts/tiny;
+    demo and reproduce keep the embedded artifacts/<pair> whatever the variable holds."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MGSR_TINY_DIR", str(tmp_path / "mine"))
+    assert tiny.prepare_tiny(**SMALL_TINY) == tmp_path / "mine"
+    assert (tmp_path / "mine" / "data" / "test.jsonl").is_file() and (tmp_path / "mine" / "tokenizer").is_dir()
+    assert not (tmp_path / "artifacts").exists() and tiny_teacher_runs == ["teacher"]
+    assert tiny.prepare_tiny(out=str(tmp_path / "other"), **SMALL_TINY) == tmp_path / "other"  # --out wins
