@@ -29,7 +29,7 @@ from mgsr_lightning.data.templates import PromptTemplate, render_prompt
 from mgsr_lightning.errors import ConfigError, MissingFileError
 from mgsr_lightning.pipeline.checks import _config_texts
 from mgsr_lightning.pipeline.manifest import Manifest, file_sha256, fingerprint, folder_sha256
-from mgsr_lightning.pipeline.paths import ROOT_ENVS, composed_config, config_path, environment
+from mgsr_lightning.pipeline.paths import ROOT_ENVS, composed_config, config_path, configured_root, environment
 from mgsr_lightning.validation import at_least, writable_folder
 
 log = logging.getLogger(__name__)
@@ -209,7 +209,7 @@ def prepare(
     if tokenizer is not None and not any((Path(tokenizer) / name).is_file() for name in TOKENIZER_FILES):
         raise MissingFileError(f"tokenizer: {tokenizer} is not a tokenizer folder (no {' or '.join(TOKENIZER_FILES)})")
     files = _input_files(data, train, validation, test)
-    root_value = out or os.environ.get(ROOT_ENVS[pair])
+    root_value = configured_root(pair, out)
     if not root_value:
         raise ConfigError(f"prepare needs a folder to fill: --out DIR, or {ROOT_ENVS[pair]}=DIR in the environment "
                           f"(the folder configs/{pair} read)")

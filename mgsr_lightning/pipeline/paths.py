@@ -13,6 +13,12 @@ TINY_ROOT_ENV = "MGSR_TINY_DIR"
 ROOT_ENVS = {"tiny": TINY_ROOT_ENV, "reason": "MGSR_REASON_DIR"}  # artifact folder of each embedded pair
 
 
+def configured_root(pair: str, out: str | None = None) -> str | None:
+    """The folder ``configs/<pair>`` read for an embedded pair: ``out`` when given, else the pair's
+    environment variable (``MGSR_TINY_DIR``, ``MGSR_REASON_DIR``), else None."""
+    return out or os.environ.get(ROOT_ENVS[pair])
+
+
 def config_path(pair: str, method: str) -> Path:
     path = CONFIGS / pair / f"{method}.yaml"
     if not path.is_file():

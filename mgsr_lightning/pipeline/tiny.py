@@ -10,7 +10,6 @@ teacher.
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 from mgsr_lightning import validation
@@ -19,7 +18,7 @@ from mgsr_lightning.data.reasoning_tasks import write_reason_dataset
 from mgsr_lightning.data.templates import render_prompt
 from mgsr_lightning.data.tiny_tasks import write_tiny_dataset
 from mgsr_lightning.pipeline.manifest import Manifest
-from mgsr_lightning.pipeline.paths import ROOT_ENVS, TINY_ROOT_ENV, config_path, environment
+from mgsr_lightning.pipeline.paths import ROOT_ENVS, TINY_ROOT_ENV, config_path, configured_root, environment
 from mgsr_lightning.tokenizer import train_bpe_tokenizer
 
 log = logging.getLogger(__name__)
@@ -75,7 +74,7 @@ def prepare_tiny(
             validation.at_least(name, size, 1)
     if vocab_size is not None:
         validation.at_least("vocab_size", vocab_size, 258)  # the 256 byte symbols and two special tokens
-    root = Path(out or os.environ.get(ROOT_ENVS[pair]) or f"artifacts/{pair}").resolve()
+    root = Path(configured_root(pair, out) or f"artifacts/{pair}").resolve()
     validation.writable_folder("out", root)
     data_dir, tokenizer_dir, teacher_dir = root / "data", root / "tokenizer", root / "teacher"
     if force or not (data_dir / "test.jsonl").is_file():

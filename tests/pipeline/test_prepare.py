@@ -179,7 +179,7 @@ def test_prepare_tiny_regenerates_its_own_data_with_force_unless_changed(tmp_pat
 
 def test_prepare_tiny_fills_the_folder_the_configs_read(tmp_path, tiny_teacher_runs, monkeypatch):
     """With MGSR_TINY_DIR set, prepare-tiny prepares that folder (configs/tiny read it), not artifacts/tiny;
-    demo and reproduce keep the embedded artifacts/<pair> whatever the variable holds."""
+    an explicit --out still wins."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MGSR_TINY_DIR", str(tmp_path / "mine"))
     assert tiny.prepare_tiny(**SMALL_TINY) == tmp_path / "mine"
