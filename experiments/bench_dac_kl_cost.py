@@ -7,7 +7,9 @@ DAC-KL does what forward_kl does (two log-softmaxes and a KL over V) plus one so
 block (O(V log V) per row, with an int64 index block), a gather of the student at the sorted
 indices, ClipNet on the top-k, and about ten more [chunk, V] elementwise passes for the band. The
 script times each loss on the same logits and prints the median of ``--repeats`` runs after one
-warm-up, and the ratio to forward_kl with the same chunking. The ratios are the figure to read: on
+warm-up, and the ratio to forward_kl with the same chunking. Two more rows: "dac_kl taped" (ClipNet
+band, plain autograd instead of the "rest" variant's written-out backward, the reference it replaced)
+and "sort alone" (DAC-KL's one sort with its log-softmax: the floor of any sort-based band). The ratios are the figure to read: on
 CPU the absolute times move with the machine's load and include the kernel's page faults, since
 torch's CPU allocator maps fresh pages for every large block (half the wall time on a 2-core VM).
 """
@@ -15,12 +17,16 @@ torch's CPU allocator maps fresh pages for every large block (half the wall time
 from __future__ import annotations
 
 import argparse
+import importlib
 import statistics
 import time
 
 import torch
 
 from mgsr_lightning.losses import ClipNet, dac_kl, forward_kl
+
+# the module itself (the package's `dac_kl` attribute is the function)
+dac_kl_module = importlib.import_module("mgsr_lightning.losses.dac_kl")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -49,6 +55,25 @@ def median_seconds(step, repeats: int, device: torch.device) -> float:
     return statistics.median(times)
 
 
+def _taped(loss):
+    """DAC-KL with plain autograd instead of the "rest" variant's written-out backward (the reference)."""
+    dac_kl_module.WRITTEN_BACKWARD = False
+    try:
+        return loss()
+    finally:
+        dac_kl_module.WRITTEN_BACKWARD = True
+
+
+def _sort_rows(logits: torch.Tensor, chunk_size: int | None) -> torch.Tensor:
+    """DAC-KL's one sort, alone: the float32 log-probabilities of every row, sorted per chunk (the
+    returned zero keeps ``.backward()`` in the timing loop a no-op)."""
+    rows = logits.flatten(0, 1)
+    chunk = chunk_size or rows.size(0)
+    for start in range(0, rows.size(0), chunk):
+        torch.log_softmax(rows[start : start + chunk].float(), -1).sort(dim=-1, descending=True)
+    return logits.new_zeros((), dtype=torch.float32, requires_grad=True)
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     device = torch.device(args.device)
@@ -62,6 +87,8 @@ def main(argv=None) -> None:
         "forward_kl": lambda chunk_size: forward_kl(student, teacher, chunk_size=chunk_size),
         "dac_kl fixed": lambda chunk_size: dac_kl(student, teacher, mode="fixed", chunk_size=chunk_size)[0],
         "dac_kl learned": lambda chunk_size: dac_kl(student, teacher, clip_net=clip_net, chunk_size=chunk_size)[0],
+        "dac_kl taped": lambda chunk_size: _taped(lambda: dac_kl(student, teacher, clip_net=clip_net, chunk_size=chunk_size)[0]),
+        "sort alone": lambda chunk_size: _sort_rows(teacher, chunk_size),
     }
     print(
         f"B·T = {args.tokens:,}, V = {args.vocab:,}, {args.dtype} logits, device = {args.device}, "

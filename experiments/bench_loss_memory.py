@@ -27,6 +27,7 @@ extrapolated, instead of running it.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import re
@@ -34,7 +35,8 @@ import subprocess
 import sys
 import time
 
-LOSSES = ("forward_kl", "dac_kl", "span_correlation")
+# dac_kl_taped: DAC-KL with plain autograd instead of the "rest" variant's written-out backward
+LOSSES = ("forward_kl", "dac_kl", "dac_kl_taped", "span_correlation")
 PATHS = ("naive", "chunked")
 
 
@@ -76,7 +78,8 @@ def measure(args: argparse.Namespace, loss_name: str, path: str) -> dict:
     def run():
         if loss_name == "forward_kl":
             return forward_kl(student, teacher, chunk_size=chunk_size)
-        if loss_name == "dac_kl":
+        if loss_name in ("dac_kl", "dac_kl_taped"):
+            importlib.import_module("mgsr_lightning.losses.dac_kl").WRITTEN_BACKWARD = loss_name == "dac_kl"
             return dac_kl(student, teacher, clip_net=clip_net, chunk_size=chunk_size)[0]
         return span_correlation_loss(student, teacher, spans=spans, chunk_size=chunk_size)
 

@@ -14,7 +14,7 @@ autograd runs the chunks with plain autograd, so it keeps every chunk's intermed
 
 Which rows are compared is decided once per call with ``mask.nonzero()`` (one host sync): prompt
 and padding positions are often half of a batch, and skipping them halves the work, which matters
-most for DAC-KL, about 4-5 times the cost of forward KL per row. "mean" then divides by
+most for DAC-KL, about 3 times the cost of forward KL per row. "mean" then divides by
 ``max(P, 1)``, a host integer: no division by zero and no further sync.
 """
 

@@ -66,11 +66,18 @@ Why this shape (measured by optimising ClipNet alone on fixed random logits, V =
 
 Cost. One ``torch.sort`` of each [n, V] block (O(V log V) per row, plus an int64 index block twice
 the size of a float32 block), one gather of the student at the sorted indices, and about ten more
-[n, V] elementwise passes than forward KL for the band (two more for "rest"). Measured on CPU at V = 50,257
-(``experiments/bench_dac_kl_cost.py``): forward + backward about 4-5 times ``forward_kl``, the sort
-about a fifth of it. Memory: about 25 float32 [n, V] blocks live at once, so the unchunked path
-needs ~24·P·V·4 bytes (≈ 38 GiB at P = 8,192) and real vocabularies want ``chunk_size`` (≈ 2.5 GiB
-at 512; ``experiments/bench_loss_memory.py``).
+[n, V] elementwise passes than forward KL for the band. The "rest" variant with a constant teacher
+(training) runs ``_RestKL``, whose backward is written out (the formulas in its docstring) instead
+of taped by autograd; ``WRITTEN_BACKWARD = False`` runs the taped reference, which tests compare it
+with. Measured on CPU at V = 50,257, 512 positions, bf16 logits, one thread
+(``experiments/bench_dac_kl_cost.py``): forward + backward 2.7-3.1 times ``forward_kl`` (the taped
+version 7.2 times), of which the sort alone is 1.2 times ``forward_kl``: the sort plus the two
+log-softmaxes and the KL that any DAC-KL computes already exceed 2 times on this CPU. On CPU most of
+the rest is allocating fresh [n, V] blocks (page faults cost about as much as the arithmetic), which
+is why ``_RestKL`` works in place where it can. Memory (``experiments/bench_loss_memory.py --tokens
+2048 --losses forward_kl dac_kl dac_kl_taped --paths chunked``, chunk 512): 1.53 GiB beyond the
+gradient, about 16 float32 [chunk, V] blocks (taped: 2.80 GiB, ~29 blocks; forward KL 0.87 GiB), so
+real vocabularies want ``chunk_size``.
 """
 
 from __future__ import annotations
@@ -80,13 +87,25 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
-from mgsr_lightning.losses._common import check_inputs, kl_terms, log_softmax_pair, reduce_positions
+from mgsr_lightning.losses._common import (
+    PADDED_LOG_PROB,
+    check_inputs,
+    kl_terms,
+    log_softmax_pair,
+    reduce_positions,
+    scaled,
+    upcast,
+)
 
 MODES = ("learned", "fixed")
 VARIANTS = ("rest", "paper")
 BANDS = ("mass", "value_quantile")
 DIAGNOSTICS = ("kl", "coverage_penalty", "lower", "upper", "kept_mass")
+# The "rest" variant with a constant teacher (training) runs `_RestKL`, whose backward is written out;
+# False (or a teacher that needs gradients) runs the same formulas with plain autograd, the reference.
+WRITTEN_BACKWARD = True
 
 
 class ClipNet(nn.Module):
@@ -227,15 +246,13 @@ def dac_kl(
     guarded = learned and lam_cov > 0 and rho_min > 0
 
     def row_fn(student_rows: Tensor, teacher_rows: Tensor) -> Tensor:  # [n, V], [n, V] -> [n, 1 + 5]
+        if variant == "rest" and WRITTEN_BACKWARD and not teacher_rows.requires_grad:
+            return _rest_rows(student_rows, teacher_rows)
         student_log_probs, teacher_log_probs = log_softmax_pair(student_rows, teacher_rows, temperature)
         teacher_sorted, order = teacher_log_probs.sort(dim=-1, descending=True)  # [n, V], [n, V] int64
         student_sorted = student_log_probs.gather(-1, order)  # [n, V]
         teacher_sorted_probs = teacher_sorted.exp()
-        if learned:
-            lower, upper = clip_net(teacher_sorted_probs)  # [n], [n]
-        else:
-            lower = teacher_sorted.new_full(teacher_sorted.shape[:1], fixed_bounds[0])
-            upper = teacher_sorted.new_full(teacher_sorted.shape[:1], fixed_bounds[1])
+        lower, upper = bounds(teacher_sorted_probs)
         position = _band_coordinate(band, teacher_sorted_probs, student_rows, teacher_rows) / beta  # c_k / β, [n, V]
         log_band = F.logsigmoid(position - (lower / beta)[:, None]) + F.logsigmoid((upper / beta)[:, None] - position)
 
@@ -243,7 +260,6 @@ def dac_kl(
         clippable = teacher_sorted_probs[:, first_band_entry:].sum(-1)  # [n]
         in_band = (log_band[:, first_band_entry:].exp() * teacher_sorted_probs[:, first_band_entry:]).sum(-1)
         kept = torch.where(clippable > 0, in_band / clippable.clamp_min(torch.finfo(clippable.dtype).tiny), 1.0)
-        coverage_penalty = F.relu(rho_min - kept)
         if guarded:  # below the floor the bounds answer to the penalty only (same values, no KL gradient)
             log_band = torch.where((kept < rho_min)[:, None], log_band.detach(), log_band)
 
@@ -257,6 +273,33 @@ def dac_kl(
             teacher_clipped = teacher_clipped - teacher_clipped.logsumexp(-1, keepdim=True)
             student_clipped = student_clipped - student_clipped.logsumexp(-1, keepdim=True)
             kl = kl_terms(teacher_clipped, student_clipped).sum(-1)  # [n]
+        return _row_values(kl, kept, lower, upper)
+
+    def _rest_rows(student_rows: Tensor, teacher_rows: Tensor) -> Tensor:
+        """The "rest" variant with the teacher constant: the same values through ``_RestKL``'s own
+        backward, the teacher's side computed once without autograd."""
+        with torch.no_grad():
+            padded = torch.isneginf(student_rows) & torch.isneginf(teacher_rows)
+            teacher_log_probs = _log_softmax(teacher_rows, temperature).masked_fill_(padded, PADDED_LOG_PROB)
+            teacher_sorted, order = teacher_log_probs.sort(dim=-1, descending=True)  # [n, V], [n, V] int64
+            del teacher_log_probs
+            teacher_sorted_probs = teacher_sorted.exp()
+            coordinate = _band_coordinate(band, teacher_sorted_probs, student_rows, teacher_rows)  # c_k, [n, V]
+        lower, upper = bounds(teacher_sorted_probs)
+        kl, kept = _RestKL.apply(
+            student_rows, lower, upper, teacher_sorted, teacher_sorted_probs, order, coordinate,
+            temperature, beta, target_class, rho_min if guarded else None,
+        )
+        return _row_values(kl, kept, lower, upper)
+
+    def bounds(teacher_sorted_probs: Tensor) -> tuple[Tensor, Tensor]:  # [n, V] -> (lower [n], upper [n])
+        if learned:
+            return clip_net(teacher_sorted_probs)
+        lower = teacher_sorted_probs.new_full(teacher_sorted_probs.shape[:1], fixed_bounds[0])
+        return lower, teacher_sorted_probs.new_full(teacher_sorted_probs.shape[:1], fixed_bounds[1])
+
+    def _row_values(kl: Tensor, kept: Tensor, lower: Tensor, upper: Tensor) -> Tensor:  # -> [n, 1 + 5]
+        coverage_penalty = F.relu(rho_min - kept)
         objective = kl + lam_cov * coverage_penalty if guarded else kl
         diagnostics = [kl, coverage_penalty, lower, upper, kept]  # in the order of DIAGNOSTICS
         return torch.stack([objective, *(value.detach() for value in diagnostics)], -1)
@@ -281,8 +324,110 @@ def _log_out_of_band(log_weight: Tensor, sorted_log_probs: Tensor) -> Tensor:
 def _band_coordinate(band: str, teacher_sorted_probs: Tensor, student_rows: Tensor, teacher_rows: Tensor) -> Tensor:
     """c_k for the sorted entries, [n, V]: exclusive cumulative mass, or the value-quantile level."""
     if band == "mass":
-        return teacher_sorted_probs.cumsum(-1) - teacher_sorted_probs
+        return teacher_sorted_probs.cumsum(-1).sub_(teacher_sorted_probs)
     padded = torch.isneginf(student_rows) & torch.isneginf(teacher_rows)  # sorted last: their probability is 0
     real = (padded.size(-1) - padded.sum(-1, keepdim=True)).to(teacher_sorted_probs.dtype)  # V' [n, 1]
     rank = torch.arange(teacher_sorted_probs.size(-1), device=real.device, dtype=real.dtype)  # k − 1
     return (real - 1 - rank) / (real - 1).clamp_min(1)
+
+
+class _RestKL(torch.autograd.Function):
+    """L_DAC ("rest" variant) and ``kept`` per row, with the gradient written out instead of taped.
+
+    Inputs: the student's logits [n, V] and the bounds ``lower``, ``upper`` [n] (differentiable);
+    the teacher's side, constant: its sorted log-probabilities and probabilities, the sort ``order``
+    and the band coordinate ``c`` [n, V]. With ``q`` the student's probabilities gathered in the
+    teacher's order, ``a = (c − l)/β``, ``b = (u − c)/β``, the band ``m = σ(a)σ(b)``, the weight ``w``
+    (``m`` with ``w_1 = 1`` for the target class) and ``r = t_rest / s_rest``:
+
+        ∂L/∂z_k  = (q_k (1 − (1 − w_k) r) − w_k p_k) / τ        (zero where student = teacher)
+        ∂L/∂w_k  = p_k log(p_k / q_k) − p_k (log r + 1) + r q_k  (k ≥ 2 with the target class)
+        ∂w_k/∂l = −w_k σ(−a_k) / β,   ∂w_k/∂u = w_k σ(−b_k) / β
+
+    and ``kept``'s own gradient to the bounds through ``m``. ``1 − w`` is summed as
+    ``σ(−a) + σ(a)σ(−b)`` (two positive terms), exact where the band keeps almost everything. With
+    ``guard_floor`` set, rows whose ``kept`` is below it pass no KL gradient to the bounds (the
+    anti-collapse guard); the student's gradient is unchanged. It keeps eight float32 [n, V] blocks
+    and the int64 sort order for backward; the taped version keeps about twice as many.
+    """
+
+    @staticmethod
+    def forward(
+        ctx, student_rows, lower, upper, teacher_sorted, teacher_probs, order, coordinate,
+        temperature, beta, target_class, guard_floor,
+    ):
+        # Every [n, V] block is allocated once and then updated in place: on CPU a fresh block costs
+        # about as much as the arithmetic on it (page faults), so fewer blocks is most of the speed.
+        student_sorted = _log_softmax(student_rows, temperature).gather(-1, order)  # log q, [n, V]
+        student_probs = student_sorted.exp()
+        sig_neg_a = torch.sub(coordinate, lower[:, None]).div_(beta)  # a = (c − l)/β, then σ(−a) in place
+        sig_a = torch.sigmoid(sig_neg_a)
+        sig_neg_a.neg_().sigmoid_()
+        sig_neg_b = torch.sub(upper[:, None], coordinate).div_(beta)  # b = (u − c)/β, then σ(−b) in place
+        band = torch.sigmoid(sig_neg_b).mul_(sig_a)  # m = σ(a)σ(b)
+        sig_neg_b.neg_().sigmoid_()
+        out_of_band = sig_a.mul_(sig_neg_b).add_(sig_neg_a)  # 1 − m = σ(−a) + σ(a)σ(−b), two positive terms
+        first = 1 if target_class else 0
+        kept_in_band = _row_dot(band[:, first:], teacher_probs[:, first:])
+        clippable = teacher_probs[:, first:].sum(-1)
+        kept = torch.where(clippable > 0, kept_in_band / clippable.clamp_min(torch.finfo(clippable.dtype).tiny), 1.0)
+        if first:  # the target class: w_1 = 1, so m becomes w (kept above read m at k ≥ 2 only)
+            band[:, 0] = 1
+            out_of_band[:, 0] = 0
+        weight = band
+        # log(p / q) where p > 0
+        log_ratio = torch.sub(teacher_sorted, student_sorted).masked_fill_(teacher_probs == 0, 0.0)
+        del student_sorted
+        weighted_teacher = weight * teacher_probs  # t_k = w_k p_k
+        in_band = _row_dot(weighted_teacher, log_ratio)
+        teacher_rest = _row_dot(out_of_band, teacher_probs)  # [n]
+        student_rest = _row_dot(out_of_band, student_probs)
+        rest_active = (teacher_rest > 0) & (student_rest > 0)
+        rest = torch.where(teacher_rest > 0, teacher_rest * (teacher_rest.log() - student_rest.log()), 0.0)
+        ratio = torch.where(rest_active, teacher_rest / student_rest.clamp_min(torch.finfo(student_rest.dtype).tiny), 0.0)
+        ctx.save_for_backward(
+            teacher_probs, student_probs, log_ratio, weight, weighted_teacher, out_of_band, sig_neg_a, sig_neg_b,
+            order, ratio, rest_active, clippable, kept,
+        )
+        ctx.settings = (temperature, beta, first, guard_floor)
+        ctx.student_dtype = student_rows.dtype
+        return in_band + rest, kept
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_kl, grad_kept):
+        (teacher_probs, student_probs, log_ratio, weight, weighted_teacher, out_of_band, sig_neg_a, sig_neg_b,
+         order, ratio, rest_active, clippable, kept) = ctx.saved_tensors
+        temperature, beta, first, guard_floor = ctx.settings
+        grad_student = grad_lower = grad_upper = None
+        if ctx.needs_input_grad[0]:  # q (1 − (1 − w) r) − w p, scaled, back in vocabulary order
+            grad_sorted = torch.mul(out_of_band, -ratio[:, None]).add_(1).mul_(student_probs).sub_(weighted_teacher)
+            grad_sorted.mul_((grad_kl / temperature)[:, None])
+            grad_student = torch.empty_like(grad_sorted).scatter_(-1, order, grad_sorted).to(ctx.student_dtype)
+            del grad_sorted
+        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
+            # ∂L/∂w = p log(p/q) − [rest] (p (log r + 1) − r q); saved blocks stay unchanged (gradcheck re-runs backward)
+            log_rest_ratio = torch.where(rest_active, ratio.clamp_min(torch.finfo(ratio.dtype).tiny).log(), 0.0)
+            rest_scale = torch.where(rest_active, log_rest_ratio + 1, 0.0)
+            grad_weight = log_ratio * teacher_probs
+            grad_weight.addcmul_(teacher_probs, -rest_scale[:, None]).addcmul_(student_probs, ratio[:, None])
+            kl_scale = grad_kl if guard_floor is None else torch.where(kept < guard_floor, 0.0, grad_kl)
+            kept_scale = torch.where(clippable > 0, grad_kept / clippable.clamp_min(torch.finfo(clippable.dtype).tiny), 0.0)
+            # ∂(kl_scale·L + kept_scale·kept)/∂w at k ≥ first (kept reads m p there, which is w p)
+            through = grad_weight.mul_(weight).mul_(kl_scale[:, None]).addcmul_(weighted_teacher, kept_scale[:, None])
+            through[:, :first] = 0
+            grad_lower = -_row_dot(through, sig_neg_a) / beta  # ∂w/∂l = −w σ(−a)/β
+            grad_upper = _row_dot(through, sig_neg_b) / beta  # ∂w/∂u = w σ(−b)/β
+        return grad_student, grad_lower, grad_upper, None, None, None, None, None, None, None, None
+
+
+def _log_softmax(logits: Tensor, temperature: float) -> Tensor:
+    """``log_softmax(upcast(logits) / τ)``, [n, V], upcast inside the softmax when τ = 1 (no copy)."""
+    if temperature == 1:
+        return torch.log_softmax(logits, dim=-1, dtype=upcast(logits[:0]).dtype)
+    return torch.log_softmax(scaled(logits, temperature), dim=-1)
+
+
+def _row_dot(x: Tensor, y: Tensor) -> Tensor:
+    """Σ_v x[i, v] y[i, v] per row, [n, V] × [n, V] -> [n]."""
+    return torch.linalg.vecdot(x, y, dim=-1)
