@@ -9,8 +9,8 @@ indices, ClipNet on the top-k, and about ten more [chunk, V] elementwise passes 
 script times each loss on the same logits and prints the median of ``--repeats`` runs after one
 warm-up, and the ratio to forward_kl with the same chunking. Two more rows: "dac_kl taped" (ClipNet
 band, plain autograd instead of the "rest" variant's written-out backward, the reference it replaced)
-and "sort alone" (DAC-KL's one sort with its log-softmax: the floor of any sort-based band). The ratios are the figure to read: on
-CPU the absolute times move with the machine's load and include the kernel's page faults, since
+and "sort alone" (DAC-KL's one sort with its log-softmax: the floor of any sort-based band). The
+ratios are the figure to read: on CPU the absolute times move with the machine's load and include the kernel's page faults, since
 torch's CPU allocator maps fresh pages for every large block (half the wall time on a 2-core VM).
 """
 

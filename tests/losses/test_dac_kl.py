@@ -521,3 +521,15 @@ def test_rest_with_its_own_backward_equals_the_taped_loss(options, padded, make_
     for fused_grad, taped_grad in zip(fused_grads, taped_grads):
         torch.testing.assert_close(fused_grad, taped_grad, rtol=1e-4, atol=1e-6)
     assert fused_grads[0].abs().sum() > 0 and all(g.abs().sum() > 0 for g in fused_grads[1:3])
+
+
+def test_rest_with_its_own_backward_returns_the_gradient_in_the_logits_dtype(make_case, monkeypatch):
+    student, teacher, mask = make_case(B=2, T=4, V=30, scale=3.0)
+    grads = []
+    for written in (True, False):
+        monkeypatch.setattr(dac_kl_module, "WRITTEN_BACKWARD", written)
+        s = student.bfloat16().requires_grad_(True)
+        dac_kl(s, teacher.bfloat16(), mask, clip_net=ClipNet(k=8, hidden=16))[0].backward()
+        grads.append(s.grad)
+    assert grads[0].dtype == torch.bfloat16
+    torch.testing.assert_close(grads[0].float(), grads[1].float(), rtol=2e-2, atol=1e-3)
