@@ -18,8 +18,8 @@ import argparse
 import torch
 from transformers import AutoModelForCausalLM
 
+from mgsr_lightning.data.datamodule import encode_records
 from mgsr_lightning.data.records import read_jsonl
-from mgsr_lightning.data.templates import render_prompt
 from mgsr_lightning.tokenizer import load_tokenizer
 
 
@@ -34,20 +34,21 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 @torch.no_grad()
 def token_classes(model, tokenizer, records, template: str) -> dict[str, tuple[float, float, int]]:
-    """{"content"|"rest": (mean NLL, top-1 accuracy, tokens)} over the reference responses."""
+    """{"content"|"rest": (mean NLL, top-1 accuracy, tokens)} over the reference responses, tokenised
+    as in training (``encode_records``: the template, special tokens and the EOS that ends a response)."""
+    examples, _ = encode_records(records, tokenizer, template=template, eos_token_id=tokenizer.eos_token_id,
+                                 max_length=None, max_prompt_length=10**9, name="token-class rows")
     totals = {"content": [0.0, 0, 0], "rest": [0.0, 0, 0]}
-    for record in records:
-        prompt = tokenizer(render_prompt(record, template, tokenizer))["input_ids"]
-        response = tokenizer(record["output"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        ids = torch.tensor([prompt + response])
-        log_probs = torch.log_softmax(model(ids).logits[0, len(prompt) - 1 : -1].float(), -1)  # [R, V]
-        target = torch.tensor(response)
+    for example in examples:
+        prompt, response = example.prompt_ids, example.response_ids
+        log_probs = torch.log_softmax(model(torch.tensor([prompt + response])).logits[0, len(prompt) - 1 : -1].float(), -1)
+        target = torch.tensor(response)  # [R]; log_probs [R, V]
         nll = -log_probs.gather(-1, target[:, None]).squeeze(-1)
         correct = log_probs.argmax(-1) == target
-        for position, token in enumerate(response):
+        for token, token_nll, token_correct in zip(response, nll.tolist(), correct.tolist()):
             kind = "content" if any(c.isdigit() for c in tokenizer.decode([token])) else "rest"
-            totals[kind][0] += nll[position].item()
-            totals[kind][1] += int(correct[position])
+            totals[kind][0] += token_nll
+            totals[kind][1] += int(token_correct)
             totals[kind][2] += 1
     return {kind: (s / max(n, 1), c / max(n, 1), n) for kind, (s, c, n) in totals.items()}
 
