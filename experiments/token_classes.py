@@ -19,7 +19,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from mgsr_lightning.data.datamodule import encode_records
-from mgsr_lightning.data.records import read_jsonl
+from mgsr_lightning.data.records import normalize_row, read_jsonl
 from mgsr_lightning.tokenizer import load_tokenizer
 
 
@@ -29,6 +29,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--models", nargs="+", required=True, help="folders written by save_pretrained")
     parser.add_argument("--template", default="plain")
     parser.add_argument("--rows", type=int, default=200, help="the first N rows")
+    parser.add_argument("--by-family", action="store_true",
+                        help="one line per task family (the rows' 'family' field) besides the total")
     return parser.parse_args(argv)
 
 
@@ -53,16 +55,27 @@ def token_classes(model, tokenizer, records, template: str) -> dict[str, tuple[f
     return {kind: (s / max(n, 1), c / max(n, 1), n) for kind, (s, c, n) in totals.items()}
 
 
+def _with_family(row, where: str) -> dict:
+    """A record as training reads it, plus the row's task family where the file names one."""
+    return {**normalize_row(row, where), "family": row.get("family", "?") if isinstance(row, dict) else "?"}
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
-    records = read_jsonl(args.data)[: args.rows]
+    records = read_jsonl(args.data, to_record=_with_family)[: args.rows]
     print(f"{args.data}: first {len(records)} rows; NLL in nats per reference token")
     print(f"{'model':<48}{'content NLL':>12}{'top-1':>8}{'rest NLL':>10}{'top-1':>8}{'tokens':>14}")
     for folder in args.models:
         model = AutoModelForCausalLM.from_pretrained(folder).eval()
-        result = token_classes(model, load_tokenizer(folder), records, args.template)
-        (c_nll, c_acc, c_n), (r_nll, r_acc, r_n) = result["content"], result["rest"]
-        print(f"{folder[-48:]:<48}{c_nll:>12.3f}{c_acc:>8.3f}{r_nll:>10.3f}{r_acc:>8.3f}{f'{c_n}+{r_n}':>14}")
+        tokenizer = load_tokenizer(folder)
+        groups = {folder[-48:]: records}
+        if args.by_family:
+            for record in records:
+                groups.setdefault(f"  {record['family']}", []).append(record)
+        for name, rows in groups.items():
+            result = token_classes(model, tokenizer, rows, args.template)
+            (c_nll, c_acc, c_n), (r_nll, r_acc, r_n) = result["content"], result["rest"]
+            print(f"{name:<48}{c_nll:>12.3f}{c_acc:>8.3f}{r_nll:>10.3f}{r_acc:>8.3f}{f'{c_n}+{r_n}':>14}")
 
 
 if __name__ == "__main__":
