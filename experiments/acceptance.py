@@ -7,6 +7,11 @@ error over training runs, then each comparison's difference in units of its stan
 negative, within 2 (not significantly below).
 
     python experiments/acceptance.py runs/reproduce-reason --methods sft,kd,distillm
+
+Other comparisons (e.g. an ablation's steps) with ``--compare mgsr_scrg-mgsr_base,mgsr-mgsr_scrg_dac``.
+Each comparison also prints the paired difference: every method of a training seed starts from that
+seed's ``init`` student, so the per-seed differences, averaged with their own standard error, take out
+what the seed shares (the ``± paired SE`` column).
 """
 
 from __future__ import annotations
@@ -34,14 +39,21 @@ def summary(values: list[float]) -> tuple[float, float]:
     return mean, statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else math.nan
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", type=Path, help="runs folder of reproduce, e.g. runs/reproduce-reason")
     parser.add_argument("--methods", default="sft,kd,distillm")
     parser.add_argument("--metric", default="rougeL", choices=["rougeL", "exact_match"])
-    args = parser.parse_args()
+    parser.add_argument("--compare", default=None,
+                        help="comma-separated a-b pairs of methods (default: KD-SFT, DistiLLM-KD, DistiLLM-SFT)")
+    args = parser.parse_args(argv)
     methods = args.methods.split(",")
-    stats = {}
+    comparisons = COMPARISONS
+    if args.compare:
+        comparisons = [tuple(pair.split("-", 1)) for pair in args.compare.split(",")]
+        if any(len(pair) != 2 for pair in comparisons):
+            parser.error(f"--compare: give a-b pairs of method names, not {args.compare!r}")
+    stats, per_seed = {}, {}
     teacher = args.runs / "teacher" / "eval" / "metrics.json"
     if teacher.is_file():
         print(f"teacher: {json.loads(teacher.read_text())['avg'][args.metric]:.2f}")
@@ -51,16 +63,21 @@ def main() -> None:
         if not scores:
             print(f"| {method} | (no evaluated run) | |")
             continue
-        stats[method] = summary(list(scores.values()))
+        stats[method], per_seed[method] = summary(list(scores.values())), scores
         listed = ", ".join(f"{seed} {value:.2f}" for seed, value in scores.items())
         print(f"| {method} | {stats[method][0]:.2f} ± {stats[method][1]:.2f} | {listed} |")
     print()
-    for a, b in COMPARISONS:
+    for a, b in comparisons:
         if a in stats and b in stats:
             (mean_a, se_a), (mean_b, se_b) = stats[a], stats[b]
             difference, se = mean_a - mean_b, math.hypot(se_a, se_b)
             in_se = f"{difference / se:+.2f} SE" if se > 0 else "n/a SE"
-            print(f"{a} − {b}: {difference:+.2f} {args.metric} = {in_se} (SE of the difference {se:.2f})")
+            seeds = sorted(set(per_seed[a]) & set(per_seed[b]))
+            paired = ""
+            if len(seeds) > 1:
+                paired_mean, paired_se = summary([per_seed[a][seed] - per_seed[b][seed] for seed in seeds])
+                paired = f"; paired over {len(seeds)} seeds {paired_mean:+.2f} ± {paired_se:.2f}"
+            print(f"{a} − {b}: {difference:+.2f} {args.metric} = {in_se} (SE of the difference {se:.2f}){paired}")
 
 
 if __name__ == "__main__":
