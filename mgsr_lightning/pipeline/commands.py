@@ -48,6 +48,10 @@ METHOD_LABELS = {
     "mgsr_base": "MGSR base (no SCRG/DAC-KL/span)", "mgsr_scrg": "MGSR base +SCRG",
     "mgsr_scrg_dac": "MGSR base +SCRG +DAC-KL", "mgsr_scrg3": "MGSR, 3 SCRG corrections",
     "mgsr_scrg5": "MGSR, 5 SCRG corrections",
+    # Table 3a: SCRG with and without, under each regime (MGSR's own regime, adaptive off-policy, is "mgsr")
+    "mgsr_noscrg_adaptive": "MGSR without SCRG (adaptive off-policy)", "mgsr_noscrg_mixed": "MGSR without SCRG, mixed",
+    "mgsr_noscrg_on_policy": "MGSR without SCRG, on-policy", "mgsr_scrg_mixed": "MGSR, mixed",
+    "mgsr_scrg_on_policy": "MGSR, on-policy",
 }
 PAIR_SIZES = {"gpt2": "GPT-2 XL (1.5B) -> GPT-2 base (0.1B)", "opt": "OPT-6.7B -> OPT-1.3B",
               "openllama2": "OpenLLaMA2-7B -> OpenLLaMA2-3B", "llama2": "LLaMA2-13B -> LLaMA2-7B",
