@@ -1,5 +1,6 @@
-"""experiments/acceptance.py: per-method mean ± SE over training seeds and the differences between methods,
-unpaired and paired by seed, from the metrics files ``reproduce`` writes."""
+"""Scripts under experiments/ that summarise runs: acceptance.py (per-method mean ± SE over training seeds
+and the differences between methods, unpaired and paired by seed, from the metrics files ``reproduce``
+writes) and exposure_bias.py's merge of several runs' curves."""
 
 import json
 import math
@@ -9,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "acceptance.py"
+EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+SCRIPT = EXPERIMENTS / "acceptance.py"
 
 
 def write_runs(root: Path, scores: dict[str, list[float]]) -> None:
@@ -53,3 +55,26 @@ def test_malformed_compare_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         run([str(tmp_path), "--compare", "sft"], capsys)
     assert "give a-b pairs" in capsys.readouterr().err
+
+
+def test_exposure_bias_merge_is_the_pointwise_mean_and_standard_error(tmp_path):
+    merge_runs = runpy.run_path(str(EXPERIMENTS / "exposure_bias.py"))["merge_runs"]
+    runs = {
+        "seed0": {"sft": [1.0, 2.0, 4.0], "kd": [0.0, 1.0, 1.0]},
+        "seed1": {"sft": [3.0, 2.0, 8.0], "kd": [2.0, 1.0, 3.0]},
+        "seed2": {"sft": [2.0, 5.0, 6.0]},  # no kd here: kd is left out of the merge
+    }
+    for name, students in runs.items():
+        (tmp_path / name).mkdir()
+        curves = {s: {"regret": c, "forced_error": [x / 2 for x in c], "ex_acc_err": [x * 10 for x in c]}
+                  for s, c in students.items()}
+        (tmp_path / name / "exposure_bias.json").write_text(json.dumps({"prompts": 4, "samples": 2, "curves": curves}))
+
+    merged = merge_runs([tmp_path / name for name in runs])
+
+    assert list(merged["curves"]) == ["sft"]
+    sft = merged["curves"]["sft"]
+    assert sft["regret"] == pytest.approx([2.0, 3.0, 6.0])
+    assert sft["regret_se"] == pytest.approx([1 / math.sqrt(3), math.sqrt(3) / math.sqrt(3), 2 / math.sqrt(3)])
+    assert sft["ex_acc_err"] == pytest.approx([20.0, 30.0, 60.0])
+    assert (merged["prompts"], merged["samples"]) == (4, 2)
