@@ -78,3 +78,16 @@ def test_exposure_bias_merge_is_the_pointwise_mean_and_standard_error(tmp_path):
     assert sft["regret_se"] == pytest.approx([1 / math.sqrt(3), math.sqrt(3) / math.sqrt(3), 2 / math.sqrt(3)])
     assert sft["ex_acc_err"] == pytest.approx([20.0, 30.0, 60.0])
     assert (merged["prompts"], merged["samples"]) == (4, 2)
+
+
+@pytest.mark.parametrize("family, reference, prediction, right", [
+    ("chain_arithmetic", "23 minus 12 is 11. 11 minus 17 is -6. Final value: -6.", "23 - 12 = 11. 11 - 17 = -6. The result is -6.", True),
+    ("chain_arithmetic", "23 minus 12 is 11. Final value: 11.", "23 - 12 = 11. So the answer is 12.", False),
+    ("sort_explain", "Take 2. Take 53. So the order is 2, 53.", "The smallest left is 2. The smallest left is 53. Sorted: 2, 53.", True),
+    ("list_transform", "Doubled: 4, 6. Final list: 4, 6.", "After doubling we get 4, 6. The result is 6, 4.", False),
+    ("word_transform", "In capitals: ACKE. The final word is ACKE.", "Now uppercased, it is ACKE. Result: ACKE.", True),
+])
+def test_final_answers_compare_the_last_step_whatever_the_phrasing(family, reference, prediction, right):
+    final_answer = runpy.run_path(str(EXPERIMENTS / "final_answers.py"))["final_answer"]
+    assert (final_answer(prediction, family) == final_answer(reference, family)) is right
+    assert final_answer(reference, "describe_record") is None

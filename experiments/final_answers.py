@@ -1,0 +1,81 @@
+"""Is the final answer right? A phrasing-free check of the reason benchmark's generations.
+
+ROUGE-L against one reference written in one of several random phrasings mixes two things: whether
+the content is right and whether the phrasing happens to match. This script scores only the content
+of the last step: the last number of the answer (chain_arithmetic, running_total, grid_walk's final
+y, inventory's ball count), the numbers of the last sentence (list_transform and sort_explain's final
+list) or the last word (word_transform), compared with the same taken from the reference;
+describe_record has no final answer and is left out. Per method: the mean over training seeds of each
+run's accuracy (over its sampling seeds) ± the standard error over seeds.
+
+    python experiments/final_answers.py runs/reproduce-reason --methods sft,kd,distillm,abkd,mgsr
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+NUMBER = re.compile(r"-?\d+")
+WORD = re.compile(r"[A-Za-z]+")
+
+
+def final_answer(text: str, family: str):
+    """What the last step of an answer of ``family`` says; None for a family without a final answer."""
+    if family == "describe_record":
+        return None
+    if family == "word_transform":
+        words = WORD.findall(text)
+        return words[-1] if words else ""
+    if family in ("list_transform", "sort_explain"):
+        return tuple(NUMBER.findall(text.strip().split(". ")[-1]))
+    numbers = NUMBER.findall(text)
+    return numbers[-1] if numbers else ""
+
+
+def accuracy(generations: Path, rows: list[dict]) -> tuple[float, dict[str, float]]:
+    """(% right over all scored generations, % right per family) of one ``generations.jsonl``."""
+    right = defaultdict(list)
+    for line in generations.read_text().splitlines():
+        generation = json.loads(line)
+        row = rows[generation["index"]]
+        reference = final_answer(row["output"], row["family"])
+        if reference is not None:
+            right[row["family"]].append(final_answer(generation["prediction"], row["family"]) == reference)
+    every = [hit for hits in right.values() for hit in hits]
+    return 100 * statistics.fmean(every), {family: 100 * statistics.fmean(hits) for family, hits in sorted(right.items())}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", type=Path, help="runs folder of reproduce, e.g. runs/reproduce-reason")
+    parser.add_argument("--methods", default="sft,kd,distillm,abkd,mgsr")
+    parser.add_argument("--data", type=Path, default=Path("artifacts/reason/data/test.jsonl"),
+                        help="the split the generations answer (rows with a 'family' field)")
+    args = parser.parse_args(argv)
+    rows = [json.loads(line) for line in args.data.read_text().splitlines() if line.strip()]
+    teacher = args.runs / "teacher" / "eval" / "generations.jsonl"
+    runs = {"teacher": [teacher]} if teacher.is_file() else {}
+    for method in args.methods.split(","):
+        runs[method] = sorted((args.runs / method).glob("seed*/eval/generations.jsonl"))
+    print("| Method | final answer right, % (mean ± SE over training seeds) | per family, % (mean over seeds) |")
+    print("|---|:---:|---|")
+    for method, files in runs.items():
+        if not files:
+            print(f"| {method} | (no evaluated run) | |")
+            continue
+        scores = [accuracy(path, rows) for path in files]
+        totals = [total for total, _ in scores]
+        error = statistics.stdev(totals) / math.sqrt(len(totals)) if len(totals) > 1 else math.nan
+        families = {family: statistics.fmean(per[family] for _, per in scores) for family in scores[0][1]}
+        listed = ", ".join(f"{family} {value:.0f}" for family, value in families.items())
+        print(f"| {method} | {statistics.fmean(totals):.2f} ± {error:.2f} | {listed} |")
+
+
+if __name__ == "__main__":
+    main()
