@@ -113,6 +113,37 @@ def _response_forward(model: nn.Module, rollout: Rollout, vocab_size: int | None
     return outputs.logits[:, :response_width, :vocab_size], outputs.cache  # the last column predicts past the sequence
 
 
+def response_logits_from_prefix(
+    model: nn.Module, rollout: Rollout, earlier_logits: Tensor, cache: Cache, unchanged: int, vocab_size: int | None = None
+) -> Tensor | None:
+    """``response_logits(model, rollout)`` without re-encoding what an earlier forward already saw.
+
+    The earlier forward (``response_logits_and_cache``) ran over another rollout with the same
+    prompts and the same first ``unchanged`` response columns (ids and mask), and returned
+    ``earlier_logits`` [B, R0, V] (R0 > ``unchanged``) and ``cache``. Logits that read only those
+    columns (response positions 0..``unchanged``) are taken from ``earlier_logits``; the rest come
+    from one forward over the new columns on top of the cache cut after prompt + ``unchanged``.
+    Equal to a full forward up to float rounding. Returns None when the cache cannot be cut
+    (``realigned_cache``'s rule), so the caller runs the full forward.
+    """
+    prompt_width, response_width = rollout.prompt_ids.size(1), rollout.response_ids.size(1)
+    if not 0 <= unchanged < earlier_logits.size(1):
+        raise ValueError(f"unchanged must be in [0, {earlier_logits.size(1)}) (the earlier response width), got {unchanged}")
+    if unchanged >= response_width:
+        return earlier_logits[:, :response_width, :vocab_size]
+    kept = torch.arange(prompt_width + unchanged, device=rollout.device).expand(rollout.batch_size, -1)  # [B, P+u]
+    prefix_cache = realigned_cache(cache, torch.arange(rollout.batch_size, device=rollout.device), kept)
+    if prefix_cache is None:
+        return None
+    inputs = rollout.model_inputs()
+    start = prompt_width + unchanged
+    outputs = model(input_ids=inputs["input_ids"][:, start:], attention_mask=inputs["attention_mask"],
+                    position_ids=inputs["position_ids"][:, start:], cache=prefix_cache, use_cache=True)
+    # earlier columns P-1 .. P-1+u predict response positions 0..u; new column P+u+c predicts u+1+c
+    suffix = outputs.logits[:, : response_width - unchanged - 1, :vocab_size]
+    return torch.cat([earlier_logits[:, : unchanged + 1, :vocab_size], suffix], dim=1)
+
+
 def realigned_cache(cache: Cache, rows: Tensor, columns: Tensor) -> DynamicCache | None:
     """A new cache whose row n, column c holds ``cache``'s row ``rows[n]``, column ``columns[n, c]``.
 

@@ -27,7 +27,8 @@ from test_generation import (
 
 from mgsr_lightning.batch import Rollout, positions_from_mask
 from mgsr_lightning.generation import (
-    Decoding, SamplingConfig, realigned_cache, response_logits, response_logits_and_cache, sample,
+    Decoding, SamplingConfig, realigned_cache, response_logits, response_logits_and_cache, response_logits_from_prefix,
+    sample,
 )
 from mgsr_lightning.error_search import find_error_positions, token_nll
 from mgsr_lightning.scrg import ScrgConfig, revise
@@ -593,6 +594,57 @@ def test_regeneration_from_the_cache_equals_re_encoding(family):
     assert torch.equal(cached.rollout.response_ids, encoded.rollout.response_ids)
     assert torch.equal(cached.rollout.response_mask, encoded.rollout.response_mask)
     torch.testing.assert_close(cached.teacher_logits, encoded.teacher_logits)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "opt", "llama"])
+@pytest.mark.parametrize("unchanged", [0, 3, 7])
+def test_logits_from_an_earlier_forward_s_prefix_equal_a_full_forward(family, unchanged):
+    model = sharpened(build_tiny_model(family, VOCAB, seed=3, n_layer=2))
+    earlier = sample(model, *left_padded(PROMPTS, 2), Decoding(EIGHT_TOKENS, **IDS), seeds=torch.tensor([1, 2, 3]))
+    earlier_logits, cache = response_logits_and_cache(model, earlier)
+    # A new rollout: the same prompts and response[:unchanged], then other tokens, two columns wider,
+    # with rows of different lengths (row 1 ends early, its tail padding).
+    width = earlier.response_ids.size(1)
+    new_ids = torch.cat([earlier.response_ids, earlier.response_ids[:, :2]], 1).clone()
+    new_ids[:, unchanged:] = torch.randint(3, VOCAB, (3, width + 2 - unchanged), generator=torch.Generator().manual_seed(0))
+    new_mask = torch.ones_like(new_ids, dtype=torch.bool)
+    new_mask[:, :unchanged] = earlier.response_mask[:, :unchanged]
+    new_mask[1, max(unchanged, 5):] = False
+    new_ids = new_ids.masked_fill(~new_mask, PAD)
+    new = Rollout(earlier.prompt_ids, earlier.prompt_mask, new_ids, new_mask)
+
+    reused = response_logits_from_prefix(model, new, earlier_logits, cache, unchanged)
+
+    assert reused.shape == (3, width + 2, VOCAB)
+    full = response_logits(model, new)
+    torch.testing.assert_close(reused[new_mask], full[new_mask], rtol=1e-5, atol=1e-5)
+
+
+def test_the_final_teacher_scoring_skips_what_no_row_changed():
+    student = sharpened(build_tiny_model("gpt2", VOCAB, seed=2, n_layer=2))
+    teacher = sharpened(build_tiny_model("gpt2", VOCAB, seed=1, n_layer=2))
+    seeds = torch.tensor([10, 20, 30])
+    rollout = sample(student, *left_padded(PROMPTS, 2), Decoding(EIGHT_TOKENS, **IDS), seeds=seeds)
+    widths = []
+    hook = teacher.register_forward_pre_hook(lambda module, args, kwargs: widths.append(kwargs["input_ids"].size(1)),
+                                             with_kwargs=True)
+    try:
+        reused = run_revise(student, teacher, rollout, ScrgConfig(n_corrections=1), seeds=seeds)
+        scoring_calls = len(widths)
+        full = run_revise(student, teacher, rollout, ScrgConfig(n_corrections=1, reuse_teacher_cache=False), seeds=seeds)
+    finally:
+        hook.remove()
+
+    assert reused.stats["corrected_fraction"] > 0
+    assert torch.equal(reused.rollout.response_ids, full.rollout.response_ids)
+    # the scoring forward over prompt + response, then the final one over the response columns from the earliest error on
+    final_width = reused.rollout.prompt_ids.size(1) + reused.rollout.response_ids.size(1)
+    assert scoring_calls == 2 and widths[0] == rollout.prompt_ids.size(1) + rollout.response_ids.size(1)
+    assert widths[1] <= reused.rollout.response_ids.size(1) < final_width  # the prompt is not encoded again
+    assert widths[scoring_calls + 1] == final_width  # without the cache: the whole sequence again
+    mask = reused.rollout.response_mask
+    torch.testing.assert_close(reused.teacher_logits[mask], full.teacher_logits[mask], rtol=1e-5, atol=1e-5)
+    assert torch.equal(full.teacher_logits, response_logits(teacher, full.rollout))
 
 
 def test_a_cache_that_cannot_be_realigned_falls_back_to_re_encoding():
