@@ -4,8 +4,9 @@
     python experiments/profile_rollout.py --work runs/bench_vs_trl_pretrain200 --profile  # + operator tables
 
 Uses the models, tokenizer and prompts ``experiments/bench_vs_trl.py`` prepared under ``--work``:
-8 prompts, 64 new tokens sampled by the student, one SCRG correction (the library default), and one
-teacher forward over the rollout for scale. Medians of 5 calls after a warm-up, torch threads 1.
+8 prompts, 64 new tokens sampled by the student, one SCRG correction (the library default; and once
+more with ``reuse_teacher_cache=False``), and one teacher forward over the rollout for scale. Medians
+of 5 calls after a warm-up, torch threads 1.
 """
 
 from __future__ import annotations
@@ -48,9 +49,12 @@ def main() -> None:
     seeds = rollout_seeds(0, 0, 8)
     sample_seconds, rollout = median_seconds(lambda: sample(student, prompts.prompt_ids, prompts.prompt_mask, decoding, seeds=seeds))
     revise_seconds, result = median_seconds(lambda: revise(student, teacher, rollout, ScrgConfig(), decoding, seeds=seeds))
+    full_rescore_seconds, _ = median_seconds(
+        lambda: revise(student, teacher, rollout, ScrgConfig(reuse_teacher_cache=False), decoding, seeds=seeds))
     teacher_seconds, _ = median_seconds(lambda: response_logits(teacher, rollout, 4096))
     print(f"sample {sample_seconds:.3f} s ({float(rollout.response_mask.sum(-1).float().mean()):.1f} tokens per row), "
-          f"SCRG revise {revise_seconds:.3f} s, one teacher forward {teacher_seconds:.3f} s")
+          f"SCRG revise {revise_seconds:.3f} s (with a full final teacher forward instead of the cached prefix: "
+          f"{full_rescore_seconds:.3f} s), one teacher forward {teacher_seconds:.3f} s")
     print("SCRG:", {k: round(v, 3) for k, v in result.stats.items()})
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
