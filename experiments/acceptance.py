@@ -11,7 +11,7 @@ negative, within 2 (not significantly below).
 Other comparisons (e.g. an ablation's steps) with ``--compare mgsr_scrg-mgsr_base,mgsr-mgsr_scrg_dac``.
 Each comparison also prints the paired difference: every method of a training seed starts from that
 seed's ``init`` student, so the per-seed differences, averaged with their own standard error, take out
-what the seed shares (the ``± paired SE`` column).
+what the seed shares ("paired over N seeds" after each difference).
 """
 
 from __future__ import annotations
