@@ -9,6 +9,14 @@ describe_record has no final answer and is left out. Per method: the mean over t
 run's accuracy (over its sampling seeds) ± the standard error over seeds.
 
     python experiments/final_answers.py runs/reproduce-reason --methods sft,kd,distillm,abkd,mgsr
+
+Before any student is trained, the same check on a teacher's answers to the validation split tells
+whether it has content to pass on (``evaluate`` of one model writes ``<out>/generations.jsonl``):
+
+    python -m mgsr_lightning evaluate --model artifacts/reason/teacher \
+        --sets '[artifacts/reason/data/validation.jsonl]' --seeds '[10, 20]' --out runs/teacher_check
+    python experiments/final_answers.py --generations runs/teacher_check/generations.jsonl \
+        --data artifacts/reason/data/validation.jsonl
 """
 
 from __future__ import annotations
@@ -53,16 +61,26 @@ def accuracy(generations: Path, rows: list[dict]) -> tuple[float, dict[str, floa
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("runs", type=Path, help="runs folder of reproduce, e.g. runs/reproduce-reason")
+    parser.add_argument("runs", type=Path, nargs="?", help="runs folder of reproduce, e.g. runs/reproduce-reason")
+    parser.add_argument("--generations", type=Path, nargs="+", default=None,
+                        help="instead of a runs folder: generations.jsonl files written by evaluate, one row each")
     parser.add_argument("--methods", default="sft,kd,distillm,abkd,mgsr")
     parser.add_argument("--data", type=Path, default=Path("artifacts/reason/data/test.jsonl"),
                         help="the split the generations answer (rows with a 'family' field)")
     args = parser.parse_args(argv)
+    if (args.runs is None) == (args.generations is None):
+        parser.error("give a runs folder or --generations files, not both or neither")
     rows = [json.loads(line) for line in args.data.read_text().splitlines() if line.strip()]
-    teacher = args.runs / "teacher" / "eval" / "generations.jsonl"
-    runs = {"teacher": [teacher]} if teacher.is_file() else {}
-    for method in args.methods.split(","):
-        runs[method] = sorted((args.runs / method).glob("seed*/eval/generations.jsonl"))
+    if args.generations:
+        missing = [str(path) for path in args.generations if not path.is_file()]
+        if missing:
+            parser.error(f"generations file not found: {', '.join(missing)}")
+        runs = {str(path): [path] for path in args.generations}
+    else:
+        teacher = args.runs / "teacher" / "eval" / "generations.jsonl"
+        runs = {"teacher": [teacher]} if teacher.is_file() else {}
+        for method in args.methods.split(","):
+            runs[method] = sorted((args.runs / method).glob("seed*/eval/generations.jsonl"))
     print("| Method | final answer right, % (mean ± SE over training seeds) | per family, % (mean over seeds) |")
     print("|---|:---:|---|")
     for method, files in runs.items():
@@ -71,10 +89,11 @@ def main(argv: list[str] | None = None) -> None:
             continue
         scores = [accuracy(path, rows) for path in files]
         totals = [total for total, _ in scores]
-        error = statistics.stdev(totals) / math.sqrt(len(totals)) if len(totals) > 1 else math.nan
+        mean = statistics.fmean(totals)
+        cell = f"{mean:.2f} ± {statistics.stdev(totals) / math.sqrt(len(totals)):.2f}" if len(totals) > 1 else f"{mean:.2f} (one run)"
         families = {family: statistics.fmean(per[family] for _, per in scores) for family in scores[0][1]}
         listed = ", ".join(f"{family} {value:.0f}" for family, value in families.items())
-        print(f"| {method} | {statistics.fmean(totals):.2f} ± {error:.2f} | {listed} |")
+        print(f"| {method} | {cell} | {listed} |")
 
 
 if __name__ == "__main__":

@@ -91,3 +91,20 @@ def test_final_answers_compare_the_last_step_whatever_the_phrasing(family, refer
     final_answer = runpy.run_path(str(EXPERIMENTS / "final_answers.py"))["final_answer"]
     assert (final_answer(prediction, family) == final_answer(reference, family)) is right
     assert final_answer(reference, "describe_record") is None
+
+
+def test_final_answers_of_a_generations_file(tmp_path, capsys):
+    rows = [{"family": "chain_arithmetic", "output": "1 + 2 = 3. The result is 3."},
+            {"family": "describe_record", "output": "Rosa is 53 years old."},
+            {"family": "word_transform", "output": "Reversed: god. The final word is god."}]
+    data = tmp_path / "validation.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    generations = tmp_path / "generations.jsonl"
+    predictions = ["1 plus 2 is 3. Final value: 3.", "Rosa is aged 53.", "Reversed: dog. Result: dog."]
+    generations.write_text("".join(json.dumps({"index": i, "prediction": p}) + "\n" for i, p in enumerate(predictions)))
+    main = runpy.run_path(str(EXPERIMENTS / "final_answers.py"))["main"]
+
+    main(["--generations", str(generations), "--data", str(data)])
+
+    # describe_record has no final answer; of the other two, one is right
+    assert f"| {generations} | 50.00 (one run) | chain_arithmetic 100, word_transform 0 |" in capsys.readouterr().out
