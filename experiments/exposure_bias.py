@@ -131,6 +131,9 @@ def main() -> None:
     out = Path(args.out)
 
     if args.merge:
+        missing = [str(folder) for folder in args.merge if not (folder / "exposure_bias.json").is_file()]
+        if missing:
+            parser.error(f"--merge: no exposure_bias.json in {', '.join(missing)}")
         merged = merge_runs(args.merge)
         print_table(merged["curves"], f"ExAccErr(l) in %, mean ± SE over {len(args.merge)} runs, "
                                       f"{merged['prompts']} prompts x {merged['samples']} samples per model and run, T = 1")
