@@ -205,12 +205,12 @@ def revise(
             del student_cache
             corrected |= errors.has_error
             regenerated_tokens += regenerated
-            error_position_sum += int(errors.positions[errors.has_error].sum())
-            n_errors += int(errors.has_error.sum())
+            error_positions = errors.positions[errors.has_error]  # [corrected rows of this round]
+            error_position_sum += int(error_positions.sum())
+            n_errors += error_positions.numel()
             start = torch.where(errors.has_error, errors.positions + 1, start)
             # response columns before the earliest error of this round are the same in every row
-            changed = errors.positions[errors.has_error]
-            unchanged = int(changed.min()) if changed.numel() else 0
+            unchanged = int(error_positions.min()) if error_positions.numel() else 0
         if config.n_corrections > 0 and final_teacher_logits is None:
             # The last round changed rows: score the final sequences once, here rather than again in the
             # caller, from the last scoring forward's cache where the sequences did not change.
