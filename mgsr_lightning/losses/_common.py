@@ -42,10 +42,12 @@ def upcast(logits: Tensor) -> Tensor:
     return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
 
-def scaled(logits: Tensor, temperature: float) -> Tensor:
-    """``upcast(logits) / τ``, without the extra [n, V] copy when τ = 1."""
-    logits = upcast(logits)
-    return logits if temperature == 1 else logits / temperature
+def log_softmax(logits: Tensor, temperature: float) -> Tensor:
+    """``log_softmax(upcast(logits) / τ)`` over the last dim; when τ = 1 the upcast happens inside the
+    softmax (its ``dtype``), so a bf16 input costs no float32 [n, V] copy of itself."""
+    if temperature == 1:
+        return torch.log_softmax(logits, dim=-1, dtype=upcast(logits[:0]).dtype)
+    return torch.log_softmax(upcast(logits) / temperature, dim=-1)
 
 
 def log_softmax_pair(student_logits: Tensor, teacher_logits: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
@@ -56,8 +58,8 @@ def log_softmax_pair(student_logits: Tensor, teacher_logits: Tensor, temperature
     one logit only is a true zero-probability event and stays ``-inf``.
     """
     padded = torch.isneginf(student_logits) & torch.isneginf(teacher_logits)  # [n, V]
-    student_log_probs = torch.log_softmax(scaled(student_logits, temperature), dim=-1)
-    teacher_log_probs = torch.log_softmax(scaled(teacher_logits, temperature), dim=-1)
+    student_log_probs = log_softmax(student_logits, temperature)
+    teacher_log_probs = log_softmax(teacher_logits, temperature)
     return (
         student_log_probs.masked_fill(padded, PADDED_LOG_PROB),
         teacher_log_probs.masked_fill(padded, PADDED_LOG_PROB),

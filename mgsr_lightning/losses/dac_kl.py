@@ -93,10 +93,9 @@ from mgsr_lightning.losses._common import (
     PADDED_LOG_PROB,
     check_inputs,
     kl_terms,
+    log_softmax,
     log_softmax_pair,
     reduce_positions,
-    scaled,
-    upcast,
 )
 
 MODES = ("learned", "fixed")
@@ -280,7 +279,7 @@ def dac_kl(
         backward, the teacher's side computed once without autograd."""
         with torch.no_grad():
             padded = torch.isneginf(student_rows) & torch.isneginf(teacher_rows)
-            teacher_log_probs = _log_softmax(teacher_rows, temperature).masked_fill_(padded, PADDED_LOG_PROB)
+            teacher_log_probs = log_softmax(teacher_rows, temperature).masked_fill_(padded, PADDED_LOG_PROB)
             teacher_sorted, order = teacher_log_probs.sort(dim=-1, descending=True)  # [n, V], [n, V] int64
             del teacher_log_probs
             teacher_sorted_probs = teacher_sorted.exp()
@@ -358,7 +357,7 @@ class _RestKL(torch.autograd.Function):
     ):
         # Every [n, V] block is allocated once and then updated in place: on CPU a fresh block costs
         # about as much as the arithmetic on it (page faults), so fewer blocks is most of the speed.
-        student_sorted = _log_softmax(student_rows, temperature).gather(-1, order)  # log q, [n, V]
+        student_sorted = log_softmax(student_rows, temperature).gather(-1, order)  # log q, [n, V]
         student_probs = student_sorted.exp()
         sig_neg_a = torch.sub(coordinate, lower[:, None]).div_(beta)  # a = (c − l)/β, then σ(−a) in place
         sig_a = torch.sigmoid(sig_neg_a)
@@ -419,13 +418,6 @@ class _RestKL(torch.autograd.Function):
             grad_lower = -_row_dot(through, sig_neg_a) / beta  # ∂w/∂l = −w σ(−a)/β
             grad_upper = _row_dot(through, sig_neg_b) / beta  # ∂w/∂u = w σ(−b)/β
         return grad_student, grad_lower, grad_upper, None, None, None, None, None, None, None, None
-
-
-def _log_softmax(logits: Tensor, temperature: float) -> Tensor:
-    """``log_softmax(upcast(logits) / τ)``, [n, V], upcast inside the softmax when τ = 1 (no copy)."""
-    if temperature == 1:
-        return torch.log_softmax(logits, dim=-1, dtype=upcast(logits[:0]).dtype)
-    return torch.log_softmax(scaled(logits, temperature), dim=-1)
 
 
 def _row_dot(x: Tensor, y: Tensor) -> Tensor:
