@@ -70,8 +70,8 @@ the size of a float32 block), one gather of the student at the sorted indices, a
 (training) runs ``_RestKL``, whose backward is written out (the formulas in its docstring) instead
 of taped by autograd; ``WRITTEN_BACKWARD = False`` runs the taped reference, which tests compare it
 with. Measured on CPU at V = 50,257, 512 positions, bf16 logits, one thread
-(``experiments/bench_dac_kl_cost.py``): forward + backward 2.7-3.1 times ``forward_kl`` (the taped
-version 7.2 times), of which the sort alone is 1.2 times ``forward_kl``: the sort plus the two
+(``experiments/bench_dac_kl_cost.py``): forward + backward 2.5-2.7 times ``forward_kl`` (the taped
+version 4.6-4.7 times), of which the sort alone is 1.2 times ``forward_kl``: the sort plus the two
 log-softmaxes and the KL that any DAC-KL computes already exceed 2 times on this CPU. On CPU most of
 the rest is allocating fresh [n, V] blocks (page faults cost about as much as the arithmetic), which
 is why ``_RestKL`` works in place where it can. Memory (``experiments/bench_loss_memory.py --tokens
