@@ -19,8 +19,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 from pathlib import Path
+
+from mgsr_lightning.evaluation.report import mean_and_standard_error
 
 COMPARISONS = [("kd", "sft"), ("distillm", "kd"), ("distillm", "sft")]
 
@@ -35,8 +36,8 @@ def run_scores(runs: Path, method: str, metric: str = "rougeL") -> dict[str, flo
 
 def summary(values: list[float]) -> tuple[float, float]:
     """(mean, standard error of the mean); the error is nan with one value."""
-    mean = statistics.fmean(values)
-    return mean, statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else math.nan
+    mean, error = mean_and_standard_error(values)
+    return mean, math.nan if error is None else error
 
 
 def main(argv: list[str] | None = None) -> None:

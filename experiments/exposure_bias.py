@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import statistics
 from pathlib import Path
 
 import torch
@@ -30,6 +28,7 @@ from mgsr_lightning.data.collate import InstructionCollator
 from mgsr_lightning.data.datamodule import encode_records
 from mgsr_lightning.data.records import read_jsonl
 from mgsr_lightning.evaluation.exposure_bias import exposure_bias
+from mgsr_lightning.evaluation.report import mean_and_standard_error
 from mgsr_lightning.generation import Decoding, SamplingConfig
 from mgsr_lightning.tokenizer import load_tokenizer
 
@@ -48,12 +47,6 @@ def prompt_batches(tokenizer, rows, template: str, batch_size: int, max_prompt_l
 LENGTHS = (5, 10, 20, 30, 40, 48, 64)
 
 
-def mean_and_error(values: list[float]) -> tuple[float, float]:
-    """(mean, standard error of the mean); the error is 0 for a single value."""
-    mean = statistics.fmean(values)
-    return mean, (statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 0.0)
-
-
 def merge_runs(folders: list[Path]) -> dict:
     """Per student: each curve's pointwise mean and standard error over the runs in ``folders`` (one
     ``exposure_bias.json`` each, e.g. one per training seed); only students present in every run."""
@@ -65,9 +58,9 @@ def merge_runs(folders: list[Path]) -> dict:
         for key in ("regret", "forced_error", "ex_acc_err"):
             curves = [run["curves"][name][key] for run in runs]
             width = min(len(curve) for curve in curves)
-            points = [mean_and_error([curve[i] for curve in curves]) for i in range(width)]
+            points = [mean_and_standard_error([curve[i] for curve in curves]) for i in range(width)]
             merged[name][key] = [mean for mean, _ in points]
-            merged[name][key + "_se"] = [error for _, error in points]
+            merged[name][key + "_se"] = [error or 0.0 for _, error in points]  # one run: no spread
     return {"runs": [str(folder) for folder in folders], "prompts": runs[0]["prompts"],
             "samples": runs[0]["samples"], "curves": merged}
 

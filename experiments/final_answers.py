@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
 import statistics
 from collections import defaultdict
 from pathlib import Path
+
+from mgsr_lightning.evaluation.report import mean_and_standard_error
 
 NUMBER = re.compile(r"-?\d+")
 WORD = re.compile(r"[A-Za-z]+")
@@ -89,8 +90,8 @@ def main(argv: list[str] | None = None) -> None:
             continue
         scores = [accuracy(path, rows) for path in files]
         totals = [total for total, _ in scores]
-        mean = statistics.fmean(totals)
-        cell = f"{mean:.2f} ± {statistics.stdev(totals) / math.sqrt(len(totals)):.2f}" if len(totals) > 1 else f"{mean:.2f} (one run)"
+        mean, error = mean_and_standard_error(totals)
+        cell = f"{mean:.2f} (one run)" if error is None else f"{mean:.2f} ± {error:.2f}"
         families = {family: statistics.fmean(per[family] for _, per in scores) for family in scores[0][1]}
         listed = ", ".join(f"{family} {value:.0f}" for family, value in families.items())
         print(f"| {method} | {cell} | {listed} |")

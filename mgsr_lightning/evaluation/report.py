@@ -21,6 +21,7 @@ way; it is left empty ("–") for a method missing any set. The best mean of eac
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -59,6 +60,13 @@ class Table:
     cells: dict[str, dict[str, Cell]]
     runs_per_method: dict[str, int]
     sampling_seeds: list[int] | None
+
+
+def mean_and_standard_error(values: Sequence[float]) -> tuple[float, float | None]:
+    """Mean and standard error of the mean (sample std / √n) of ``values``, e.g. one score per
+    training seed; the error is None for a single value."""
+    mean = statistics.fmean(values)
+    return mean, statistics.stdev(values) / math.sqrt(len(values)) if len(values) >= 2 else None
 
 
 def _mean_std(values: Sequence[float]) -> Cell:

@@ -4,7 +4,9 @@ import statistics
 
 import pytest
 
-from mgsr_lightning.evaluation.report import format_table1, plot_table1, summarize_runs, write_report
+from mgsr_lightning.evaluation.report import (
+    format_table1, mean_and_standard_error, plot_table1, summarize_runs, write_report,
+)
 
 
 def run(method, per_set, exact=None):
@@ -80,3 +82,10 @@ def test_write_report_writes_table_and_chart(tmp_path):
     paths = write_report(runs, tmp_path / "report", exact_match=True, title="Tiny task")
     assert paths["table"].read_text().startswith("# Tiny task\n\n| Method | tiny-test | tiny-test EM |")
     assert paths["chart"].read_bytes()[:4] == b"\x89PNG"
+
+
+def test_mean_and_standard_error():
+    mean, error = mean_and_standard_error([27.0, 28.0, 29.5])
+    assert mean == pytest.approx(28.1666667)
+    assert error == pytest.approx(statistics.stdev([27.0, 28.0, 29.5]) / 3 ** 0.5)
+    assert mean_and_standard_error([4.0]) == (4.0, None)
