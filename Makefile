@@ -2,8 +2,9 @@
 #   make demo   # venv + install, then the embedded default end to end (offline, CPU, < 10 min)
 #   make test   # venv + install, then the fast test suite (CPU, < 10 min)
 # GPU users: install your CUDA torch into .venv first and run with `make ... CONSTRAINTS=`.
-# make reproduce [PAIR=gpt2|opt|openllama2|llama2] [SCALE=tiny|reason] [METHODS=kd,mgsr] [SEEDS=0,1,2] [RESULTS=dir]
-#   SCALE=tiny: the quick embedded task; SCALE=reason: the embedded multi-step benchmark (both offline, CPU)
+# make reproduce [PAIR=gpt2|opt|openllama2|llama2] [SCALE=tiny|reason|facts] [METHODS=kd,mgsr] [SEEDS=0,1,2] [RESULTS=dir]
+#   SCALE=tiny: the quick embedded task; SCALE=reason: the embedded multi-step benchmark; SCALE=facts: the
+#   embedded knowledge benchmark (all offline, CPU)
 # make bench [BENCH_ARGS="--rounds 3"]   # speed against TRL 1.16.0 (its own venv, .venv-bench), CPU
 
 PYTHON ?= python3
@@ -12,7 +13,7 @@ CONSTRAINTS ?= constraints.txt
 PY := $(VENV)/bin/python
 PAIR ?= gpt2
 SCALE ?= full
-EMBEDDED_SCALES := tiny reason
+EMBEDDED_SCALES := tiny reason facts
 METHODS ?=
 SEEDS ?=
 RESULTS ?=
@@ -67,4 +68,4 @@ bench: install $(BENCH_VENV)/.installed
 	$(OFFLINE) $(PY) experiments/bench_vs_trl.py --trl_python $(BENCH_VENV)/bin/python $(BENCH_ARGS)
 
 clean:
-	rm -rf runs artifacts/tiny/students artifacts/reason/students
+	rm -rf runs artifacts/tiny/students artifacts/reason/students artifacts/facts/students

@@ -5,7 +5,10 @@ the content is right and whether the phrasing happens to match. This script scor
 of the last step: the last number of the answer (chain_arithmetic, running_total, grid_walk's final
 y, inventory's ball count), the numbers of the last sentence (list_transform and sort_explain's final
 list) or the last word (word_transform), compared with the same taken from the reference;
-describe_record has no final answer and is left out. Per method: the mean over training seeds of each
+describe_record has no final answer and is left out. On the facts benchmark: the creature a ``follow``
+chain ends at, the verdict sentence of ``compare``, and whether a ``describe`` answer states as many
+facts as asked, all of them true of the creature (its reference states a random few, so it is not
+compared). Per method: the mean over training seeds of each
 run's accuracy (over its sampling seeds) ± the standard error over seeds.
 
     python experiments/final_answers.py runs/reproduce-reason --methods sft,kd,distillm,abkd,mgsr
@@ -28,17 +31,21 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
+from mgsr_lightning.data.knowledge_tasks import VALUES, world
 from mgsr_lightning.evaluation.report import mean_and_standard_error
 
 NUMBER = re.compile(r"-?\d+")
 WORD = re.compile(r"[A-Za-z]+")
+ATTRIBUTE_VALUES = {value for values in VALUES.values() for value in values}
 
 
 def final_answer(text: str, family: str):
     """What the last step of an answer of ``family`` says; None for a family without a final answer."""
     if family == "describe_record":
         return None
-    if family == "word_transform":
+    if family == "compare":  # its verdict sentence ("So the Kodul is bigger.")
+        return text.strip().split(". ")[-1].strip()
+    if family in ("word_transform", "follow"):
         words = WORD.findall(text)
         return words[-1] if words else ""
     if family in ("list_transform", "sort_explain"):
@@ -47,12 +54,26 @@ def final_answer(text: str, family: str):
     return numbers[-1] if numbers else ""
 
 
+def facts_true(prediction: str, row: dict) -> bool:
+    """A facts ``describe`` answer is right when it states as many distinct facts as the prompt asks and
+    every one is true of the creature (the reference states a random few, so it is not compared)."""
+    name, count = re.fullmatch(r"Creature: (\w+)\. Facts: (\w+)\.", row["input"]).groups()
+    creature = world().get(name)
+    stated = [word for word in WORD.findall(prediction) if word in ATTRIBUTE_VALUES]
+    wanted = {"three": 3, "four": 4}.get(count)
+    return (creature is not None and len(stated) == wanted == len(set(stated))
+            and set(stated) <= set(creature.attributes.values()))
+
+
 def accuracy(generations: Path, rows: list[dict]) -> tuple[float, dict[str, float]]:
     """(% right over all scored generations, % right per family) of one ``generations.jsonl``."""
     right = defaultdict(list)
     for line in generations.read_text().splitlines():
         generation = json.loads(line)
         row = rows[generation["index"]]
+        if row["family"] == "describe":
+            right["describe"].append(facts_true(generation["prediction"], row))
+            continue
         reference = final_answer(row["output"], row["family"])
         if reference is not None:
             right[row["family"]].append(final_answer(generation["prediction"], row["family"]) == reference)

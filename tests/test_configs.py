@@ -14,7 +14,7 @@ from mgsr_lightning.cli import load_config_text, run_cli
 from mgsr_lightning.scrg import ScrgConfig
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-PAIRS = {"tiny": "gpt2", "reason": "gpt2", "gpt2": "gpt2", "opt": "opt", "openllama2": "llama", "llama2": "llama",
+PAIRS = {"tiny": "gpt2", "reason": "gpt2", "facts": "gpt2", "gpt2": "gpt2", "opt": "opt", "openllama2": "llama", "llama2": "llama",
          "smollm2": "llama"}
 RUNNABLE = sorted(p for pair in PAIRS for p in (CONFIGS / pair).glob("*.yaml") if p.stem != "base")
 EXPECTED_METHODS = {
@@ -32,8 +32,8 @@ def config_id(path: Path) -> str:
 def test_every_pair_has_every_method():
     assert RUNNABLE, "no configs found"
     for pair in PAIRS:
-        # the reason benchmark also has the SFT-initialised student every method starts from
-        extra = {"base", "init"} if pair == "reason" else {"base"}
+        # the reason and facts benchmarks also have the SFT-initialised student every method starts from
+        extra = {"base", "init"} if pair in ("reason", "facts") else {"base"}
         assert {p.stem for p in (CONFIGS / pair).glob("*.yaml")} == EXPECTED_METHODS | extra, pair
 
 
@@ -102,7 +102,7 @@ def test_config_parses_to_its_method(path):
         assert init["distill"]["params"]["mode"] == "learned"
         assert init["distill"]["params"]["variant"] == ("paper" if path.stem == "mgsr_paper" else "rest")
         assert init["span"]["relation"] == ("product" if path.stem == "mgsr_paper" else "normalized")
-    if path.parent.name not in ("tiny", "reason") and distill is not None:
+    if path.parent.name not in ("tiny", "reason", "facts") and distill is not None:
         assert init["distill"]["chunk_size"] == 1024  # real vocabularies: bounded loss memory
 
 
@@ -218,8 +218,9 @@ def test_reason_students_start_from_the_sft_initialised_student(monkeypatch, tmp
     assert commands._initialised_student("tiny", tmp_path, 1, {}) == ()  # no init stage: from scratch
 
 
-def test_reason_students_see_a_subset_of_the_teachers_data():
-    teacher = resolved_config(CONFIGS / "reason" / "teacher.yaml")["data"]["train_data"]
+@pytest.mark.parametrize("pair", ["reason", "facts"])
+def test_benchmark_students_see_a_subset_of_the_teachers_data(pair):
+    teacher = resolved_config(CONFIGS / pair / "teacher.yaml")["data"]["train_data"]
     for method in ("init", "sft", "kd", "mgsr"):
-        student = resolved_config(CONFIGS / "reason" / f"{method}.yaml")["data"]["train_data"]
+        student = resolved_config(CONFIGS / pair / f"{method}.yaml")["data"]["train_data"]
         assert student.endswith("data/student_train.jsonl") and teacher.endswith("data/train.jsonl"), method

@@ -229,7 +229,7 @@ def test_export_and_resume_refuse_missing_corrupt_and_foreign_checkpoints(tmp_pa
 
 
 @pytest.mark.parametrize("args, expected", [
-    (["reproduce", "--pair", "gpt3"], "unknown pair 'gpt3'; pairs: gpt2, llama2, openllama2, opt, reason, smollm2, tiny"),
+    (["reproduce", "--pair", "gpt3"], "unknown pair 'gpt3'; pairs: facts, gpt2, llama2, openllama2, opt, reason, smollm2, tiny"),
     (["reproduce", "--pair", "tiny", "--methods", "[kd, mgsr_full]"], "unknown method 'mgsr_full' for pair 'tiny'; methods: "),
     (["reproduce", "--pair", "tiny", "--max_eval_examples", "0"], "max_eval_examples must be >= 1, got 0"),
     (["demo", "--method", "mgsr2"], "unknown method 'mgsr2' for pair 'tiny'"),

@@ -86,11 +86,29 @@ def test_exposure_bias_merge_is_the_pointwise_mean_and_standard_error(tmp_path):
     ("sort_explain", "Take 2. Take 53. So the order is 2, 53.", "The smallest left is 2. The smallest left is 53. Sorted: 2, 53.", True),
     ("list_transform", "Doubled: 4, 6. Final list: 4, 6.", "After doubling we get 4, 6. The result is 6, 4.", False),
     ("word_transform", "In capitals: ACKE. The final word is ACKE.", "Now uppercased, it is ACKE. Result: ACKE.", True),
+    ("follow", "The friend of Tebak is Bulen. The last one is Bulen.", "Tebak's friend is Bulen. We end at Bulen.", True),
+    ("follow", "The friend of Tebak is Bulen. The last one is Bulen.", "Tebak's friend is Tirum. We end at Tirum.", False),
+    ("compare", "The Kodul has two legs. The Brodok has six legs. So the Brodok has more legs.",
+     "The Brodok has six legs. The Kodul has four legs. So the Brodok has more legs.", True),
 ])
 def test_final_answers_compare_the_last_step_whatever_the_phrasing(family, reference, prediction, right):
     final_answer = runpy.run_path(str(EXPERIMENTS / "final_answers.py"))["final_answer"]
     assert (final_answer(prediction, family) == final_answer(reference, family)) is right
     assert final_answer(reference, "describe_record") is None
+
+
+def test_a_facts_description_is_right_when_every_fact_is_true_and_as_many_as_asked():
+    from mgsr_lightning.data.knowledge_tasks import VALUES, world
+
+    facts_true = runpy.run_path(str(EXPERIMENTS / "final_answers.py"))["facts_true"]
+    creature = next(iter(world().values()))
+    home, food = creature.attributes["home"], creature.attributes["food"]
+    legs, wrong_food = creature.attributes["legs"], next(f for f in VALUES["food"] if f != food)
+    row = {"family": "describe", "input": f"Creature: {creature.name}. Facts: three."}
+    assert facts_true(f"The {creature.name} lives in the {home}. It eats {food}. It has {legs} legs.", row)
+    assert not facts_true(f"The {creature.name} lives in the {home}. It eats {wrong_food}. It has {legs} legs.", row)
+    assert not facts_true(f"The {creature.name} lives in the {home}. It eats {food}.", row)  # two of three
+    assert not facts_true(f"The {creature.name} eats {food}. It eats {food}. It has {legs} legs.", row)  # one twice
 
 
 def test_final_answers_of_a_generations_file(tmp_path, capsys):

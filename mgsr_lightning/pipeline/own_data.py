@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 SPLITS = ("train", "validation", "test")
 SPLIT_FILE_NAMES = {"train": ("train.jsonl",), "validation": ("validation.jsonl", "valid.jsonl", "val.jsonl"),
                     "test": ("test.jsonl",)}
-DEFAULT_VOCAB = {"tiny": 1024, "reason": 2048}
+DEFAULT_VOCAB = {"tiny": 1024, "reason": 2048, "facts": 2048}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
@@ -194,11 +194,12 @@ def prepare(
         train: The training file (instead of, or overriding, ``data``'s).
         validation: The validation file.
         test: The test file.
-        out: Folder to fill (default: ``$MGSR_TINY_DIR``, or ``$MGSR_REASON_DIR`` for ``--pair reason``).
+        out: Folder to fill (default: ``$MGSR_TINY_DIR``, or ``$MGSR_REASON_DIR`` or ``$MGSR_FACTS_DIR``
+            for ``--pair reason`` or ``facts``).
         tokenizer: A tokenizer folder to use instead of training one (copied into the folder).
-        vocab_size: Vocabulary of the trained byte-level BPE (default 1024 for tiny, 2048 for reason).
+        vocab_size: Vocabulary of the trained byte-level BPE (default 1024 for tiny, 2048 for reason and facts).
         teacher_steps: SFT steps of the teacher (default: ``configs/<pair>/teacher.yaml``'s).
-        pair: ``tiny`` (4-layer teacher, 2-layer student, short answers) or ``reason`` (longer answers).
+        pair: ``tiny`` (4-layer teacher, 2-layer student, short answers), ``reason`` or ``facts`` (longer answers).
     """
     if pair not in ROOT_ENVS:
         raise ConfigError(f"pair: prepare fills the folder of an embedded pair's configs; pairs: {', '.join(ROOT_ENVS)}")

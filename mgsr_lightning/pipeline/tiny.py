@@ -2,7 +2,8 @@
 
 ``tiny`` is the quick default (short answers); ``reason`` is the benchmark where distillation
 matters (worked multi-step answers, several valid phrasings; see
-:mod:`mgsr_lightning.data.reasoning_tasks`). Everything is cached under one folder per pair
+:mod:`mgsr_lightning.data.reasoning_tasks`); ``facts`` asks about a generated world that the teacher
+learns from ten times the students' labelled data (:mod:`mgsr_lightning.data.knowledge_tasks`). Everything is cached under one folder per pair
 (``artifacts/<pair>`` by default); a step whose output exists is skipped, so a second run reuses the
 teacher.
 """
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from mgsr_lightning import validation
 from mgsr_lightning.data.records import read_jsonl
+from mgsr_lightning.data.knowledge_tasks import write_facts_dataset
 from mgsr_lightning.data.reasoning_tasks import write_reason_dataset
 from mgsr_lightning.data.templates import render_prompt
 from mgsr_lightning.data.tiny_tasks import write_tiny_dataset
@@ -28,11 +30,12 @@ DEFAULT_SIZES = {"train": 20000, "validation": 200, "test": 400}
 EMBEDDED = {
     "tiny": (write_tiny_dataset, DEFAULT_SIZES, 1024, 128),
     "reason": (write_reason_dataset, {"train": 30000, "validation": 200, "test": 240}, 2048, 256),
+    "facts": (write_facts_dataset, {"train": 30000, "validation": 240, "test": 240}, 2048, 256),
 }
 # pairs whose students see only the first N training rows (data/student_train.jsonl) while the teacher
 # sees them all: the labelled data of the students is small, as in DistiLLM's and MiniLLM's setting
 # (Dolly's 14k rows, many epochs), which is where a teacher's soft targets add to the ground truth
-STUDENT_TRAIN_ROWS = {"reason": 3000}
+STUDENT_TRAIN_ROWS = {"reason": 3000, "facts": 3000}
 
 
 def fit_config(pair: str, method: str, root: Path, *overrides: str) -> None:
@@ -57,16 +60,17 @@ def prepare_tiny(
 
     Args:
         out: Folder of the artifacts (``data/``, ``tokenizer/``, ``teacher/``; default: ``$MGSR_TINY_DIR``
-            (``$MGSR_REASON_DIR`` for ``reason``) when set, else ``artifacts/<pair>``), the folder that
-            configs/tiny read through ``${oc.env:MGSR_TINY_DIR,artifacts/tiny}`` (configs/reason through
-            ``MGSR_REASON_DIR``), so that a ``fit`` after this command finds what it prepared.
-        train_size: Generated training rows (default: the pair's, 20000 for tiny, 8000 for reason).
-        validation_size: Generated validation rows (default 200).
-        test_size: Generated test rows (default: 400 for tiny, 240 for reason).
-        vocab_size: Byte-level BPE vocabulary size (default: 1024 for tiny, 2048 for reason).
+            (``$MGSR_REASON_DIR`` for ``reason``, ``$MGSR_FACTS_DIR`` for ``facts``) when set, else ``artifacts/<pair>``), the folder that
+            configs/tiny read through ``${oc.env:MGSR_TINY_DIR,artifacts/tiny}`` (configs/reason and
+            configs/facts through ``MGSR_REASON_DIR`` and ``MGSR_FACTS_DIR``), so that a ``fit`` after this command finds what it prepared.
+        train_size: Generated training rows (default: the pair's, 20000 for tiny, 30000 for reason and facts).
+        validation_size: Generated validation rows (default 200; 240 for facts).
+        test_size: Generated test rows (default: 400 for tiny, 240 for reason and facts).
+        vocab_size: Byte-level BPE vocabulary size (default: 1024 for tiny, 2048 for reason and facts).
         seed: Seed of the data generator.
         force: Redo every step even if its output exists.
-        pair: ``tiny`` (the quick default) or ``reason`` (the multi-step benchmark).
+        pair: ``tiny`` (the quick default), ``reason`` (the multi-step benchmark) or ``facts`` (the
+            knowledge benchmark).
     """
     write_dataset, sizes, default_vocab, model_max_length = EMBEDDED[pair]
     for name, size in (("train_size", train_size), ("validation_size", validation_size), ("test_size", test_size)):

@@ -49,7 +49,7 @@ def test_presets_are_the_pairs_own_evaluation_settings(pair):
     assert (preset["max_new_tokens"], preset["max_prompt_length"]) == commands.EMBEDDED_EVAL[pair]
     assert preset["template"] == "plain"
     assert eval_settings.preset_settings("gpt2")["template"] == "alpaca"
-    with pytest.raises(ConfigError, match="unknown preset 'gpt3'; presets \\(model pairs\\): gpt2, "):
+    with pytest.raises(ConfigError, match="unknown preset 'gpt3'; presets \\(model pairs\\): facts, gpt2, "):
         eval_settings.preset_settings("gpt3")
 
 
