@@ -8,9 +8,9 @@ state: the teacher learns it from all training rows and the students see a tenth
 model knows more than its student's labelled data says. Three families ask about it:
 
 - ``describe``: three or four facts about one creature, chosen, ordered and worded at random (the
-  prompt says how many, not which), so the teacher's next-token distribution spreads over every fact it
-  knows of the creature while the ground truth states a few: a KD row carries the whole entry, an SFT
-  row part of it;
+  prompt says how many, not which), so at each sentence start the teacher's next-token distribution
+  spreads over the wordings of every fact not yet told (and after ``It is`` over the creature's colour
+  and size) while the ground truth names one;
 - ``follow``: a chain of friend/rival lookups in which every step starts from the previous answer, so
   an early mistake carries through the rest;
 - ``compare``: two creatures' sizes (or leg counts) looked up, then compared.
@@ -87,8 +87,7 @@ def world() -> dict[str, Creature]:
 
 def _describe(rng: random.Random) -> Example:
     """Three or four facts about one creature: the prompt says how many, the answer picks which (and
-    their order and wording) at random, so the teacher's distribution covers all six while the ground
-    truth states a few."""
+    their order and wording) at random, so one prompt has many valid answers."""
     creature = rng.choice(list(world().values()))
     count = rng.randint(3, 4)
     instruction = rng.choice(["Describe the creature.", "Tell me about this creature.", "What is this creature like?"])

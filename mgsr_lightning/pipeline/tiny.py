@@ -3,9 +3,9 @@
 ``tiny`` is the quick default (short answers); ``reason`` is the benchmark where distillation
 matters (worked multi-step answers, several valid phrasings; see
 :mod:`mgsr_lightning.data.reasoning_tasks`); ``facts`` asks about a generated world that the teacher
-learns from ten times the students' labelled data (:mod:`mgsr_lightning.data.knowledge_tasks`). Everything is cached under one folder per pair
-(``artifacts/<pair>`` by default); a step whose output exists is skipped, so a second run reuses the
-teacher.
+learns from ten times the students' labelled data (:mod:`mgsr_lightning.data.knowledge_tasks`).
+Everything is cached under one folder per pair (``artifacts/<pair>`` by default); a step whose output
+exists is skipped, so a second run reuses the teacher.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import logging
 from pathlib import Path
 
 from mgsr_lightning import validation
-from mgsr_lightning.data.records import read_jsonl
 from mgsr_lightning.data.knowledge_tasks import write_facts_dataset
+from mgsr_lightning.data.records import read_jsonl
 from mgsr_lightning.data.reasoning_tasks import write_reason_dataset
 from mgsr_lightning.data.templates import render_prompt
 from mgsr_lightning.data.tiny_tasks import write_tiny_dataset
@@ -60,10 +60,13 @@ def prepare_tiny(
 
     Args:
         out: Folder of the artifacts (``data/``, ``tokenizer/``, ``teacher/``; default: ``$MGSR_TINY_DIR``
-            (``$MGSR_REASON_DIR`` for ``reason``, ``$MGSR_FACTS_DIR`` for ``facts``) when set, else ``artifacts/<pair>``), the folder that
-            configs/tiny read through ``${oc.env:MGSR_TINY_DIR,artifacts/tiny}`` (configs/reason and
-            configs/facts through ``MGSR_REASON_DIR`` and ``MGSR_FACTS_DIR``), so that a ``fit`` after this command finds what it prepared.
-        train_size: Generated training rows (default: the pair's, 20000 for tiny, 30000 for reason and facts).
+            (``$MGSR_REASON_DIR`` for ``reason``, ``$MGSR_FACTS_DIR`` for ``facts``) when set, else
+            ``artifacts/<pair>``), the folder that configs/tiny read through
+            ``${oc.env:MGSR_TINY_DIR,artifacts/tiny}`` (configs/reason and configs/facts through
+            ``MGSR_REASON_DIR`` and ``MGSR_FACTS_DIR``), so that a ``fit`` after this command finds what
+            it prepared.
+        train_size: Generated training rows (default: the pair's, 20000 for tiny, 30000 for reason and
+            facts).
         validation_size: Generated validation rows (default 200; 240 for facts).
         test_size: Generated test rows (default: 400 for tiny, 240 for reason and facts).
         vocab_size: Byte-level BPE vocabulary size (default: 1024 for tiny, 2048 for reason and facts).
