@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -199,11 +200,17 @@ def plot_table1(runs: Sequence[Mapping[str, Any]], path: str | Path, *, exact_ma
         axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the bars, never over them
         axes.grid(axis="y", alpha=0.3)
     if title:
-        figure.suptitle(title)
+        figure.suptitle(wrapped_title(title, figure.get_figwidth()))
     path = Path(path)
     with atomic_path(path) as temporary:
         figure.savefig(temporary, dpi=150, format=path.suffix.lstrip(".") or "png")
     return path
+
+
+def wrapped_title(title: str, width_inches: float) -> str:
+    """``title`` broken into lines that fit a figure ``width_inches`` wide (about 9 characters an inch at
+    matplotlib's default title size), so a long pair name is not cut off at the figure's edges."""
+    return textwrap.fill(title, width=max(20, int(9 * width_inches)))
 
 
 def write_report(runs: Sequence[Mapping[str, Any]], output_dir: str | Path, *, exact_match: bool = False,

@@ -5,7 +5,7 @@ import statistics
 import pytest
 
 from mgsr_lightning.evaluation.report import (
-    format_table1, mean_and_standard_error, plot_table1, summarize_runs, write_report,
+    format_table1, mean_and_standard_error, plot_table1, summarize_runs, wrapped_title, write_report,
 )
 
 
@@ -89,3 +89,10 @@ def test_mean_and_standard_error():
     assert mean == pytest.approx(28.1666667)
     assert error == pytest.approx(statistics.stdev([27.0, 28.0, 29.5]) / 3 ** 0.5)
     assert mean_and_standard_error([4.0]) == (4.0, None)
+
+
+def test_a_long_chart_title_is_wrapped_to_the_figure_width():
+    title = "ROUGE-L, GPT-2-style 4x256 teacher -> 2x128 student (embedded knowledge task)"
+    lines = wrapped_title(title, 6.0).splitlines()
+    assert len(lines) == 2 and all(len(line) <= 54 for line in lines) and " ".join(lines) == title
+    assert wrapped_title("GPT-2", 6.0) == "GPT-2"
