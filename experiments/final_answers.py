@@ -31,7 +31,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from mgsr_lightning.data.knowledge_tasks import VALUES, world
+from mgsr_lightning.data.knowledge_tasks import NUMBER_WORDS, VALUES, world
 from mgsr_lightning.evaluation.report import mean_and_standard_error
 
 NUMBER = re.compile(r"-?\d+")
@@ -60,7 +60,7 @@ def facts_true(prediction: str, row: dict) -> bool:
     name, count = re.fullmatch(r"Creature: (\w+)\. Facts: (\w+)\.", row["input"]).groups()
     creature = world().get(name)
     stated = [word for word in WORD.findall(prediction) if word in ATTRIBUTE_VALUES]
-    wanted = {"three": 3, "four": 4}.get(count)
+    wanted = {word: number for number, word in NUMBER_WORDS.items()}.get(count)
     return (creature is not None and len(stated) == wanted == len(set(stated))
             and set(stated) <= set(creature.attributes.values()))
 

@@ -27,8 +27,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from mgsr_lightning.data.records import write_jsonl
-from mgsr_lightning.data.tiny_tasks import Example, generate_splits
+from mgsr_lightning.data.tiny_tasks import Example, write_splits
 
 WORLD_SEED = 1234
 N_CREATURES = 120
@@ -148,9 +147,4 @@ FAMILIES: dict[str, Callable[[random.Random], Example]] = {
 
 def write_facts_dataset(folder: str | Path, sizes: dict[str, int], seed: int = 0) -> dict[str, Path]:
     """Write ``train.jsonl``, ``validation.jsonl`` and ``test.jsonl`` (as sized) into ``folder``."""
-    folder = Path(folder)
-    paths = {}
-    for split, rows in generate_splits(sizes, seed, FAMILIES).items():
-        paths[split] = folder / f"{split}.jsonl"
-        write_jsonl(rows, paths[split])
-    return paths
+    return write_splits(folder, sizes, seed, FAMILIES)

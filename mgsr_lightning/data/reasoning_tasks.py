@@ -18,8 +18,7 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
-from mgsr_lightning.data.records import write_jsonl
-from mgsr_lightning.data.tiny_tasks import WORDS, Example, generate_splits
+from mgsr_lightning.data.tiny_tasks import WORDS, Example, write_splits
 
 FEMALE_NAMES = frozenset("Anna Clara Emma Grace Iris Lena Nora Paula Rosa Tara".split())
 NAMES = "Anna Ben Clara David Emma Felix Grace Hugo Iris Jonas Lena Marco Nora Oscar Paula Rosa Sam Tara".split()
@@ -263,9 +262,4 @@ FAMILIES: dict[str, Callable[[random.Random], Example]] = {
 
 def write_reason_dataset(folder: str | Path, sizes: dict[str, int], seed: int = 0) -> dict[str, Path]:
     """Write ``train.jsonl``, ``validation.jsonl`` and ``test.jsonl`` (as sized) into ``folder``."""
-    folder = Path(folder)
-    paths = {}
-    for split, rows in generate_splits(sizes, seed, FAMILIES).items():
-        paths[split] = folder / f"{split}.jsonl"
-        write_jsonl(rows, paths[split])
-    return paths
+    return write_splits(folder, sizes, seed, FAMILIES)

@@ -191,11 +191,20 @@ def generate_splits(
     return splits
 
 
-def write_tiny_dataset(folder: str | Path, sizes: dict[str, int], seed: int = 0) -> dict[str, Path]:
-    """Write ``train.jsonl``, ``validation.jsonl`` and ``test.jsonl`` (as sized) into ``folder``."""
+def write_splits(
+    folder: str | Path, sizes: dict[str, int], seed: int = 0,
+    families: dict[str, Callable[[random.Random], Example]] | None = None,
+) -> dict[str, Path]:
+    """Write the splits of :func:`generate_splits` (``train.jsonl``, ``validation.jsonl``, ``test.jsonl``,
+    as sized) of ``families`` (default: this module's) into ``folder``; returns their paths."""
     folder = Path(folder)
     paths = {}
-    for split, rows in generate_splits(sizes, seed).items():
+    for split, rows in generate_splits(sizes, seed, families).items():
         paths[split] = folder / f"{split}.jsonl"
         write_jsonl(rows, paths[split])
     return paths
+
+
+def write_tiny_dataset(folder: str | Path, sizes: dict[str, int], seed: int = 0) -> dict[str, Path]:
+    """Write ``train.jsonl``, ``validation.jsonl`` and ``test.jsonl`` (as sized) into ``folder``."""
+    return write_splits(folder, sizes, seed)
