@@ -27,7 +27,6 @@ extrapolated, instead of running it.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import re
@@ -79,8 +78,8 @@ def measure(args: argparse.Namespace, loss_name: str, path: str) -> dict:
         if loss_name == "forward_kl":
             return forward_kl(student, teacher, chunk_size=chunk_size)
         if loss_name in ("dac_kl", "dac_kl_taped"):
-            importlib.import_module("mgsr_lightning.losses.dac_kl").WRITTEN_BACKWARD = loss_name == "dac_kl"
-            return dac_kl(student, teacher, clip_net=clip_net, chunk_size=chunk_size)[0]
+            written = loss_name == "dac_kl"
+            return dac_kl(student, teacher, clip_net=clip_net, chunk_size=chunk_size, written_backward=written)[0]
         return span_correlation_loss(student, teacher, spans=spans, chunk_size=chunk_size)
 
     if device.type == "cuda":

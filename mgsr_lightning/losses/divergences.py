@@ -1,9 +1,14 @@
 """Token-level divergences between the teacher ``p`` and the student ``q`` (the KD baselines).
 
-Every function has the signature
+Each divergence is written once, as its per-entry terms ``terms(student_log_probs [n, V],
+teacher_log_probs [n, V], *, **params) -> [n, V]``, whose sum over V is the divergence at a position;
+``@divergence`` turns them into the loss, with the signature every loss shares:
 
     fn(student_logits [B, T, V], teacher_logits [B, T, V], mask [B, T] bool | None = None, *,
        temperature=1.0, reduction="mean", chunk_size=None, **params) -> Tensor
+
+and keeps the terms as ``fn.terms``, so that DAC-KL can apply the same divergence to its clipped
+vectors (:mod:`mgsr_lightning.losses.dac_kl`).
 
 with ``p = softmax(teacher_logits / τ)`` and ``q = softmax(student_logits / τ)`` at each position.
 ``mask`` marks the compared (response) positions; "mean" averages the per-position divergence over
@@ -19,6 +24,8 @@ Conventions: ``0·log 0 = 0``; mixtures ``m = w·a + (1 − w)·b`` are formed i
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 from collections.abc import Callable
 
@@ -27,13 +34,8 @@ from torch import Tensor
 
 from mgsr_lightning.losses._common import PADDED_LOG_PROB, check_inputs, kl_terms, log_softmax_pair, reduce_positions
 
-# (student_log_probs [n, V], teacher_log_probs [n, V]) -> divergence per row [n]
-PerRow = Callable[[Tensor, Tensor], Tensor]
-
-
-def _kl(log_a: Tensor, log_b: Tensor) -> Tensor:
-    """KL(a‖b) = Σ_v a_v (log a_v − log b_v) per row: [n, V], [n, V] -> [n]."""
-    return kl_terms(log_a, log_b).sum(-1)
+# (student_log_probs [n, V], teacher_log_probs [n, V], *, **params) -> per-entry terms [n, V]
+EntryTerms = Callable[..., Tensor]
 
 
 def _log_mixture(log_a: Tensor, log_b: Tensor, weight_a: float) -> Tensor:
@@ -50,130 +52,70 @@ def _check_weight(name: str, value: float) -> None:
         raise ValueError(f"{name} must be in [0, 1], got {value}")
 
 
-def _divergence(
-    per_row: PerRow,
-    student_logits: Tensor,
-    teacher_logits: Tensor,
-    mask: Tensor | None,
-    temperature: float,
-    reduction: str,
-    chunk_size: int | None,
-) -> Tensor:
-    """The position loop shared by every divergence; ``per_row`` is the formula."""
-    check_inputs(student_logits, teacher_logits, mask, temperature, reduction, chunk_size)
+def divergence(terms: EntryTerms) -> Callable[..., Tensor]:
+    """The loss of a divergence given its per-entry terms (module docstring): the shared signature, the
+    position loop (masking, chunking, reduction) and ``.terms``. ``terms`` checks its own parameters."""
+    own = [p for p in inspect.signature(terms).parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY]
 
-    def row_fn(student_rows: Tensor, teacher_rows: Tensor) -> Tensor:  # [n, V], [n, V] -> [n, 1]
-        student_log_probs, teacher_log_probs = log_softmax_pair(student_rows, teacher_rows, temperature)
-        return per_row(student_log_probs, teacher_log_probs).unsqueeze(-1)
+    @functools.wraps(terms)
+    def loss(student_logits: Tensor, teacher_logits: Tensor, mask: Tensor | None = None, *, temperature: float = 1.0,
+             reduction: str = "mean", chunk_size: int | None = None, **params) -> Tensor:
+        check_inputs(student_logits, teacher_logits, mask, temperature, reduction, chunk_size)
+        inspect.signature(terms).bind(None, None, **params)  # a misspelt parameter is a TypeError here, not per chunk
+        terms(student_logits.new_zeros(1, 1).float(), teacher_logits.new_zeros(1, 1).float(), **params)  # ranges
 
-    loss, _ = reduce_positions(row_fn, student_logits, teacher_logits, mask, reduction=reduction, chunk_size=chunk_size)
+        def row_fn(student_rows: Tensor, teacher_rows: Tensor) -> Tensor:  # [n, V], [n, V] -> [n, 1]
+            student_log_probs, teacher_log_probs = log_softmax_pair(student_rows, teacher_rows, temperature)
+            return terms(student_log_probs, teacher_log_probs, **params).sum(-1, keepdim=True)
+
+        value, _ = reduce_positions(row_fn, student_logits, teacher_logits, mask, reduction=reduction,
+                                    chunk_size=chunk_size)
+        return value
+
+    common = list(inspect.signature(loss, follow_wrapped=False).parameters.values())
+    loss.__signature__ = inspect.Signature([*common[:-1], *own], return_annotation=Tensor)
+    loss.terms = terms
     return loss
 
 
-def forward_kl(
-    student_logits: Tensor,
-    teacher_logits: Tensor,
-    mask: Tensor | None = None,
-    *,
-    temperature: float = 1.0,
-    reduction: str = "mean",
-    chunk_size: int | None = None,
-) -> Tensor:
+@divergence
+def forward_kl(student_log_probs: Tensor, teacher_log_probs: Tensor) -> Tensor:
     """Forward KL, ``KL(p‖q) = Σ_v p_v (log p_v − log q_v)``, entropy term included (so it is 0 iff p = q).
 
     DistiLLM's FKL drops the constant ``Σ p log p``; its gradient is the same.
     """
-
-    def per_row(student_log_probs: Tensor, teacher_log_probs: Tensor) -> Tensor:
-        return _kl(teacher_log_probs, student_log_probs)
-
-    return _divergence(per_row, student_logits, teacher_logits, mask, temperature, reduction, chunk_size)
+    return kl_terms(teacher_log_probs, student_log_probs)
 
 
-def reverse_kl(
-    student_logits: Tensor,
-    teacher_logits: Tensor,
-    mask: Tensor | None = None,
-    *,
-    temperature: float = 1.0,
-    reduction: str = "mean",
-    chunk_size: int | None = None,
-) -> Tensor:
+@divergence
+def reverse_kl(student_log_probs: Tensor, teacher_log_probs: Tensor) -> Tensor:
     """Reverse KL, ``KL(q‖p) = Σ_v q_v (log q_v − log p_v)``."""
-
-    def per_row(student_log_probs: Tensor, teacher_log_probs: Tensor) -> Tensor:
-        return _kl(student_log_probs, teacher_log_probs)
-
-    return _divergence(per_row, student_logits, teacher_logits, mask, temperature, reduction, chunk_size)
+    return kl_terms(student_log_probs, teacher_log_probs)
 
 
-def symmetric_kl(
-    student_logits: Tensor,
-    teacher_logits: Tensor,
-    mask: Tensor | None = None,
-    *,
-    lam: float = 0.9,
-    temperature: float = 1.0,
-    reduction: str = "mean",
-    chunk_size: int | None = None,
-) -> Tensor:
+@divergence
+def symmetric_kl(student_log_probs: Tensor, teacher_log_probs: Tensor, *, lam: float = 0.9) -> Tensor:
     """Symmetric KL, ``(1 − λ)·KL(p‖q) + λ·KL(q‖p)``; λ = 0.9 as in DistiLLM's SymKL."""
     _check_weight("lam", lam)
-
-    def per_row(student_log_probs: Tensor, teacher_log_probs: Tensor) -> Tensor:
-        return (1 - lam) * _kl(teacher_log_probs, student_log_probs) + lam * _kl(student_log_probs, teacher_log_probs)
-
-    return _divergence(per_row, student_logits, teacher_logits, mask, temperature, reduction, chunk_size)
+    return (1 - lam) * kl_terms(teacher_log_probs, student_log_probs) + lam * kl_terms(student_log_probs, teacher_log_probs)
 
 
-def skew_forward_kl(
-    student_logits: Tensor,
-    teacher_logits: Tensor,
-    mask: Tensor | None = None,
-    *,
-    alpha: float = 0.1,
-    temperature: float = 1.0,
-    reduction: str = "mean",
-    chunk_size: int | None = None,
-) -> Tensor:
+@divergence
+def skew_forward_kl(student_log_probs: Tensor, teacher_log_probs: Tensor, *, alpha: float = 0.1) -> Tensor:
     """Skew forward KL (DistiLLM's SKL), ``KL(p ‖ α·p + (1 − α)·q)``; α = 0 gives ``KL(p‖q)``."""
     _check_weight("alpha", alpha)
-
-    def per_row(student_log_probs: Tensor, teacher_log_probs: Tensor) -> Tensor:
-        return _kl(teacher_log_probs, _log_mixture(teacher_log_probs, student_log_probs, alpha))
-
-    return _divergence(per_row, student_logits, teacher_logits, mask, temperature, reduction, chunk_size)
+    return kl_terms(teacher_log_probs, _log_mixture(teacher_log_probs, student_log_probs, alpha))
 
 
-def skew_reverse_kl(
-    student_logits: Tensor,
-    teacher_logits: Tensor,
-    mask: Tensor | None = None,
-    *,
-    alpha: float = 0.1,
-    temperature: float = 1.0,
-    reduction: str = "mean",
-    chunk_size: int | None = None,
-) -> Tensor:
+@divergence
+def skew_reverse_kl(student_log_probs: Tensor, teacher_log_probs: Tensor, *, alpha: float = 0.1) -> Tensor:
     """Skew reverse KL (DistiLLM's SRKL), ``KL(q ‖ (1 − α)·p + α·q)``; α = 0 gives ``KL(q‖p)``."""
     _check_weight("alpha", alpha)
-
-    def per_row(student_log_probs: Tensor, teacher_log_probs: Tensor) -> Tensor:
-        return _kl(student_log_probs, _log_mixture(student_log_probs, teacher_log_probs, alpha))
-
-    return _divergence(per_row, student_logits, teacher_logits, mask, temperature, reduction, chunk_size)
+    return kl_terms(student_log_probs, _log_mixture(student_log_probs, teacher_log_probs, alpha))
 
 
-def generalized_jsd(
-    student_logits: Tensor,
-    teacher_logits: Tensor,
-    mask: Tensor | None = None,
-    *,
-    beta: float = 0.5,
-    temperature: float = 1.0,
-    reduction: str = "mean",
-    chunk_size: int | None = None,
-) -> Tensor:
+@divergence
+def generalized_jsd(student_log_probs: Tensor, teacher_log_probs: Tensor, *, beta: float = 0.5) -> Tensor:
     """Generalised Jensen–Shannon divergence with TRL's ``generalized_jsd_loss`` semantics (GKD, Eq. 1).
 
     For 0 < β < 1, with ``m = β·p + (1 − β)·q``:  ``JSD(β) = β·KL(p‖m) + (1 − β)·KL(q‖m)``.
@@ -181,49 +123,27 @@ def generalized_jsd(
     ``β = 0`` gives ``KL(p‖q)`` and ``β = 1`` gives ``KL(q‖p)``. ``β = 0.5`` is the symmetric JSD.
     """
     _check_weight("beta", beta)
-
-    def per_row(student_log_probs: Tensor, teacher_log_probs: Tensor) -> Tensor:
-        if beta == 0:
-            return _kl(teacher_log_probs, student_log_probs)
-        if beta == 1:
-            return _kl(student_log_probs, teacher_log_probs)
-        log_mixture = _log_mixture(teacher_log_probs, student_log_probs, beta)
-        return beta * _kl(teacher_log_probs, log_mixture) + (1 - beta) * _kl(student_log_probs, log_mixture)
-
-    return _divergence(per_row, student_logits, teacher_logits, mask, temperature, reduction, chunk_size)
+    if beta == 0:
+        return kl_terms(teacher_log_probs, student_log_probs)
+    if beta == 1:
+        return kl_terms(student_log_probs, teacher_log_probs)
+    log_mixture = _log_mixture(teacher_log_probs, student_log_probs, beta)
+    return beta * kl_terms(teacher_log_probs, log_mixture) + (1 - beta) * kl_terms(student_log_probs, log_mixture)
 
 
-def total_variation(
-    student_logits: Tensor,
-    teacher_logits: Tensor,
-    mask: Tensor | None = None,
-    *,
-    temperature: float = 1.0,
-    reduction: str = "mean",
-    chunk_size: int | None = None,
-) -> Tensor:
+@divergence
+def total_variation(student_log_probs: Tensor, teacher_log_probs: Tensor) -> Tensor:
     """Total variation distance, ``½·Σ_v |p_v − q_v|`` ∈ [0, 1]."""
-
-    def per_row(student_log_probs: Tensor, teacher_log_probs: Tensor) -> Tensor:
-        return 0.5 * (teacher_log_probs.exp() - student_log_probs.exp()).abs().sum(-1)
-
-    return _divergence(per_row, student_logits, teacher_logits, mask, temperature, reduction, chunk_size)
+    return 0.5 * (teacher_log_probs.exp() - student_log_probs.exp()).abs()
 
 
+@divergence
 def alpha_beta_divergence(
-    student_logits: Tensor,
-    teacher_logits: Tensor,
-    mask: Tensor | None = None,
-    *,
-    alpha: float = 0.2,
-    beta: float = 0.7,
-    temperature: float = 1.0,
-    reduction: str = "mean",
-    chunk_size: int | None = None,
+    student_log_probs: Tensor, teacher_log_probs: Tensor, *, alpha: float = 0.2, beta: float = 0.7
 ) -> Tensor:
     """α-β-divergence ``D_AB^(α,β)(p‖q)`` (Cichocki, Cruces & Amari, 2011), ABKD's loss (Wang et al.,
     ICML 2025, "ABKD: Pursuing a Proper Allocation of the Probability Mass in Knowledge Distillation
-    via α-β-Divergence"; registry name ``abkd``).
+    via α-β-Divergence"; registry names ``abkd`` and ``alpha_beta``).
 
     For α, β, α + β ≠ 0:
 
@@ -250,33 +170,28 @@ def alpha_beta_divergence(
     """
     if not (math.isfinite(alpha) and math.isfinite(beta)):
         raise ValueError(f"alpha and beta must be finite, got alpha={alpha}, beta={beta}")
-
-    def per_row(student_log_probs: Tensor, teacher_log_probs: Tensor) -> Tensor:
-        # p = q = 1 at padded entries: every case of the formula is exactly 0 there, with finite gradients
-        padded = (teacher_log_probs == PADDED_LOG_PROB) & (student_log_probs == PADDED_LOG_PROB)
-        log_p = teacher_log_probs.masked_fill(padded, 0.0)
-        log_q = student_log_probs.masked_fill(padded, 0.0)
-        if alpha == 0 and beta == 0:
-            return 0.5 * (log_p - log_q).pow(2).sum(-1)
-        if beta == 0:
-            return _generalized_kl(log_p, log_q, alpha)
-        if alpha == 0:
-            return _generalized_kl(log_q, log_p, beta)
-        if alpha + beta == 0:
-            log_ratio = alpha * (log_q - log_p)  # log(q^α / p^α)
-            return (log_ratio + torch.exp(-log_ratio) - 1).sum(-1) / alpha**2
-        total = alpha + beta
-        cross = torch.exp(alpha * log_p + beta * log_q)
-        terms = cross - alpha / total * torch.exp(total * log_p) - beta / total * torch.exp(total * log_q)
-        return -terms.sum(-1) / (alpha * beta)
-
-    return _divergence(per_row, student_logits, teacher_logits, mask, temperature, reduction, chunk_size)
+    # p = q = 1 at padded entries: every case of the formula is exactly 0 there, with finite gradients
+    padded = (teacher_log_probs == PADDED_LOG_PROB) & (student_log_probs == PADDED_LOG_PROB)
+    log_p = teacher_log_probs.masked_fill(padded, 0.0)
+    log_q = student_log_probs.masked_fill(padded, 0.0)
+    if alpha == 0 and beta == 0:
+        return 0.5 * (log_p - log_q).pow(2)
+    if beta == 0:
+        return _generalized_kl_terms(log_p, log_q, alpha)
+    if alpha == 0:
+        return _generalized_kl_terms(log_q, log_p, beta)
+    if alpha + beta == 0:
+        log_ratio = alpha * (log_q - log_p)  # log(q^α / p^α)
+        return (log_ratio + torch.exp(-log_ratio) - 1) / alpha**2
+    total = alpha + beta
+    cross = torch.exp(alpha * log_p + beta * log_q)
+    return -(cross - alpha / total * torch.exp(total * log_p) - beta / total * torch.exp(total * log_q)) / (alpha * beta)
 
 
-def _generalized_kl(log_a: Tensor, log_b: Tensor, power: float) -> Tensor:
-    """1/λ² · Σ_v (a^λ log(a^λ / b^λ) − a^λ + b^λ), λ = ``power``, with 0·log 0 = 0: [n, V] -> [n]."""
+def _generalized_kl_terms(log_a: Tensor, log_b: Tensor, power: float) -> Tensor:
+    """1/λ² · (a^λ log(a^λ / b^λ) − a^λ + b^λ) per entry, λ = ``power``, with 0·log 0 = 0: [n, V] -> [n, V]."""
     a_power, b_power = power * log_a, power * log_b  # log a^λ, log b^λ
-    return (kl_terms(a_power, b_power) - a_power.exp() + b_power.exp()).sum(-1) / power**2
+    return (kl_terms(a_power, b_power) - a_power.exp() + b_power.exp()) / power**2
 
 
 DIVERGENCES: dict[str, Callable[..., Tensor]] = {
@@ -288,4 +203,5 @@ DIVERGENCES: dict[str, Callable[..., Tensor]] = {
     "generalized_jsd": generalized_jsd,
     "total_variation": total_variation,
     "abkd": alpha_beta_divergence,
+    "alpha_beta": alpha_beta_divergence,
 }

@@ -30,7 +30,7 @@ from mgsr_lightning.losses.span_correlation import span_correlation_loss, span_p
 
 DistillLossName = Literal[
     "forward_kl", "reverse_kl", "symmetric_kl", "skew_forward_kl", "skew_reverse_kl",
-    "generalized_jsd", "total_variation", "abkd", "dac_kl",
+    "generalized_jsd", "total_variation", "abkd", "alpha_beta", "dac_kl",
 ]
 
 

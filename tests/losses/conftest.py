@@ -64,3 +64,53 @@ def reduce64(per_position: list[list[float]], mask: torch.Tensor, reduction: str
 @pytest.fixture
 def reduce_ref():
     return reduce64
+
+
+def reference_divergence(name, params, p, q, kl):
+    """One position's divergence from its textbook formula; p teacher, q student (float lists); ``alpha_beta``
+    is ``abkd``'s other name."""
+    if name == "forward_kl":
+        return kl(p, q)
+    if name == "reverse_kl":
+        return kl(q, p)
+    if name == "symmetric_kl":
+        lam = params.get("lam", 0.9)
+        return (1 - lam) * kl(p, q) + lam * kl(q, p)
+    if name == "skew_forward_kl":
+        alpha = params.get("alpha", 0.1)
+        return kl(p, [alpha * a + (1 - alpha) * b for a, b in zip(p, q)])
+    if name == "skew_reverse_kl":
+        alpha = params.get("alpha", 0.1)
+        return kl(q, [(1 - alpha) * a + alpha * b for a, b in zip(p, q)])
+    if name == "generalized_jsd":  # TRL's generalized_jsd_loss, including its end points
+        beta = params.get("beta", 0.5)
+        if beta == 0:
+            return kl(p, q)
+        if beta == 1:
+            return kl(q, p)
+        m = [beta * a + (1 - beta) * b for a, b in zip(p, q)]
+        return beta * kl(p, m) + (1 - beta) * kl(q, m)
+    if name == "total_variation":
+        return 0.5 * sum(abs(a - b) for a, b in zip(p, q))
+    if name in ("abkd", "alpha_beta"):
+        return alpha_beta64(p, q, params.get("alpha", 0.2), params.get("beta", 0.7))
+    raise AssertionError(name)
+
+
+def alpha_beta64(p, q, a, b):
+    """Cichocki et al.'s D_AB^(α,β)(p‖q) and its limits, term by term over the entries with p or q > 0."""
+    pairs = [(x, y) for x, y in zip(p, q) if x > 0 or y > 0]
+    if a == 0 and b == 0:
+        return 0.5 * sum((math.log(x) - math.log(y)) ** 2 for x, y in pairs)
+    if b == 0:
+        return sum(x**a * math.log(x**a / y**a) - x**a + y**a for x, y in pairs) / a**2
+    if a == 0:
+        return sum(y**b * math.log(y**b / x**b) - y**b + x**b for x, y in pairs) / b**2
+    if a + b == 0:
+        return sum(math.log(y**a / x**a) + x**a / y**a - 1 for x, y in pairs) / a**2
+    return -sum(x**a * y**b - a / (a + b) * x ** (a + b) - b / (a + b) * y ** (a + b) for x, y in pairs) / (a * b)
+
+
+@pytest.fixture
+def divergence_ref():
+    return reference_divergence

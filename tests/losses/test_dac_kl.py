@@ -4,7 +4,6 @@ the "rest" variant as a divergence (zero with zero gradient at q = p; free stude
 
 from __future__ import annotations
 
-import importlib
 import math
 
 import pytest
@@ -12,19 +11,30 @@ import torch
 from torch.func import functional_call
 from torch.overrides import TorchFunctionMode
 
-from mgsr_lightning.losses import ClipNet, dac_kl, forward_kl
+from mgsr_lightning.losses import DIVERGENCES, ClipNet, dac_kl, forward_kl
 from mgsr_lightning.losses.dac_kl import DIAGNOSTICS
+from tests.losses.conftest import kl64, reference_divergence
 
-# the module itself (the package's `dac_kl` attribute is the function)
-dac_kl_module = importlib.import_module("mgsr_lightning.losses.dac_kl")
+# every base divergence DAC-KL is run over in these tests, with its own parameters
+BASES = [
+    ("forward_kl", {}),
+    ("reverse_kl", {}),
+    ("skew_forward_kl", {"alpha": 0.1}),
+    ("skew_reverse_kl", {"alpha": 0.1}),
+    ("generalized_jsd", {"beta": 0.5}),
+    ("total_variation", {}),
+    ("alpha_beta", {"alpha": 0.2, "beta": 0.7}),
+]
+BASE_IDS = [name for name, _ in BASES]
 
 
 def sigmoid(x: float) -> float:
     return 1 / (1 + math.exp(-x)) if x >= 0 else math.exp(x) / (1 + math.exp(x))
 
 
-def dac_reference(p, q, lower, upper, *, beta, variant, band, target_class):
-    """(L_DAC, kept) at one position, looping over the sorted vocabulary; p, q float lists."""
+def dac_reference(p, q, lower, upper, *, beta, variant, band, target_class, base="forward_kl", base_params=None):
+    """(L_DAC, kept) at one position, looping over the sorted vocabulary; p, q float lists; the base
+    divergence on the clipped vectors from its textbook formula (``reference_divergence``)."""
     real = [v for v in range(len(p)) if not (p[v] == 0 and q[v] == 0)]  # padded entries have p = q = 0
     order = sorted(real, key=lambda v: -p[v])
     p_sorted, q_sorted = [p[v] for v in order], [q[v] for v in order]
@@ -42,7 +52,7 @@ def dac_reference(p, q, lower, upper, *, beta, variant, band, target_class):
     else:
         t_total, s_total = sum(t), sum(s)
         t, s = [x / t_total for x in t], [x / s_total for x in s]
-    loss = sum(a * (math.log(a) - math.log(b)) for a, b in zip(t, s) if a > 0)
+    loss = reference_divergence(base, base_params or {}, t, s, kl64)
     first = 1 if target_class else 0
     clippable = sum(p_sorted[first:])
     kept = sum(m * x for m, x in zip(mask[first:], p_sorted[first:])) / clippable if clippable > 0 else 1.0
@@ -502,16 +512,15 @@ def test_bad_configurations_raise(make_case):
     ids=["learned", "guard", "quantile", "fixed", "everything"],
 )
 @pytest.mark.parametrize("padded", [0, 3])
-def test_rest_with_its_own_backward_equals_the_taped_loss(options, padded, make_case, monkeypatch):
+def test_rest_with_its_own_backward_equals_the_taped_loss(options, padded, make_case):
     student, teacher, mask = make_case(B=3, T=6, V=40, padded=padded, scale=3.0)
     clip_net = ClipNet(k=8, hidden=16) if options["mode"] == "learned" else None
     if clip_net is not None:
         torch.nn.init.normal_(clip_net.mlp[-1].weight, std=0.5)
     results = []
     for taped in (False, True):
-        monkeypatch.setattr(dac_kl_module, "WRITTEN_BACKWARD", not taped)
         s = student.clone().requires_grad_(True)
-        loss, diagnostics = dac_kl(s, teacher, mask, clip_net=clip_net, **options)
+        loss, diagnostics = dac_kl(s, teacher, mask, clip_net=clip_net, written_backward=not taped, **options)
         wrt = [s, *(clip_net.parameters() if clip_net is not None else ())]
         results.append((loss, diagnostics, torch.autograd.grad(loss, wrt)))
     (fused, fused_diagnostics, fused_grads), (taped, taped_diagnostics, taped_grads) = results
@@ -523,13 +532,89 @@ def test_rest_with_its_own_backward_equals_the_taped_loss(options, padded, make_
     assert fused_grads[0].abs().sum() > 0 and all(g.abs().sum() > 0 for g in fused_grads[1:3])
 
 
-def test_rest_with_its_own_backward_returns_the_gradient_in_the_logits_dtype(make_case, monkeypatch):
+def test_rest_with_its_own_backward_returns_the_gradient_in_the_logits_dtype(make_case):
     student, teacher, mask = make_case(B=2, T=4, V=30, scale=3.0)
     grads = []
     for written in (True, False):
-        monkeypatch.setattr(dac_kl_module, "WRITTEN_BACKWARD", written)
         s = student.bfloat16().requires_grad_(True)
-        dac_kl(s, teacher.bfloat16(), mask, clip_net=ClipNet(k=8, hidden=16))[0].backward()
+        dac_kl(s, teacher.bfloat16(), mask, clip_net=ClipNet(k=8, hidden=16), written_backward=written)[0].backward()
         grads.append(s.grad)
     assert grads[0].dtype == torch.bfloat16
     torch.testing.assert_close(grads[0].float(), grads[1].float(), rtol=2e-2, atol=1e-3)
+
+
+# ---- DAC-KL over any base divergence ----
+
+
+@pytest.mark.parametrize("variant", ["rest", "paper"])
+@pytest.mark.parametrize(("base", "base_params"), BASES, ids=BASE_IDS)
+@pytest.mark.parametrize("padded", [0, 3])
+def test_over_a_base_matches_float64_reference(base, base_params, variant, padded, make_case, reference):
+    student, teacher, mask = make_case(B=2, T=4, V=12, padded=padded)
+    options = dict(beta=0.05, variant=variant, band="mass", target_class=True)
+    loss, _ = dac_kl(student, teacher, mask, mode="fixed", fixed_bounds=(0.1, 0.8), base=base, base_params=base_params,
+                     **options)
+    expected, _ = reference(student.double(), teacher.double(), mask, temperature=1.0, bounds=lambda b, t: (0.1, 0.8),
+                            base=base, base_params=base_params, **options)
+    torch.testing.assert_close(loss.double(), masked_mean(expected, mask), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("base", "base_params"), BASES, ids=BASE_IDS)
+def test_over_a_base_band_covering_everything_is_the_base(base, base_params, make_case):
+    student, teacher, mask = make_case()
+    loss, _ = dac_kl(student, teacher, mask, mode="fixed", fixed_bounds=(0.0, 1.0), beta=1e-5, base=base,
+                     base_params=base_params)
+    torch.testing.assert_close(loss, DIVERGENCES[base](student, teacher, mask, **base_params), rtol=1e-4, atol=1e-5)
+
+
+def test_forward_kl_is_the_default_base_and_keeps_its_written_backward(make_case):
+    student, teacher, mask = make_case(B=2, T=4, V=20, scale=3.0)
+    default, _ = dac_kl(student, teacher, mask, mode="fixed", fixed_bounds=(0.1, 0.8))
+    explicit, _ = dac_kl(student, teacher, mask, mode="fixed", fixed_bounds=(0.1, 0.8), base="forward_kl",
+                         written_backward=False)
+    torch.testing.assert_close(default, explicit, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("variant", ["rest", "paper"])
+@pytest.mark.parametrize(("base", "base_params"), BASES, ids=BASE_IDS)
+def test_over_a_base_zero_loss_and_zero_gradient_at_student_equal_teacher(base, base_params, variant, make_case):
+    _, teacher, mask = make_case(B=2, T=5, V=12, padded=3, dtype=torch.float64, scale=3.0)
+    student = teacher.clone().requires_grad_(True)
+    clip_net = ClipNet(k=8, hidden=16).double()
+    torch.nn.init.normal_(clip_net.mlp[-1].weight, std=0.5)
+    loss, diagnostics = dac_kl(student, teacher, mask, clip_net=clip_net, variant=variant, lam_cov=0.0, base=base,
+                               base_params=base_params)
+    assert loss.abs() < 1e-12 and diagnostics["kl"].abs() < 1e-12
+    for grad in torch.autograd.grad(loss, [student, *clip_net.parameters()], allow_unused=True):
+        assert grad is None or grad.abs().max() < 1e-10
+
+
+@pytest.mark.parametrize(("base", "base_params"), BASES, ids=BASE_IDS)
+def test_over_a_base_free_student_logits_reach_the_teacher(base, base_params):
+    teacher = zipf_teacher(1.1)
+    start = forward_kl(torch.zeros_like(teacher), teacher).item()
+    learned_kl, diagnostics = probe(teacher, 200, init_bounds=(0.005, 0.98), base=base, base_params=base_params)
+    assert learned_kl < 0.05 * start, (base, start, learned_kl)
+    assert diagnostics["kept_mass"] >= 0.5
+
+
+def test_over_a_base_gradcheck_float64(make_case):
+    student, teacher, mask = make_case(B=2, T=3, V=9, dtype=torch.float64, scale=2.0)
+    student.requires_grad_(True)
+    for base, base_params in BASES:
+        for variant in ("rest", "paper"):
+            torch.autograd.gradcheck(
+                lambda s: dac_kl(s, teacher, mask, mode="fixed", fixed_bounds=(0.1, 0.8), beta=0.05, variant=variant,
+                                 base=base, base_params=base_params)[0],
+                (student,),
+            )
+
+
+def test_over_a_base_bad_names_and_parameters_are_refused(make_case):
+    student, teacher, mask = make_case()
+    with pytest.raises(ValueError, match="base must be one of"):
+        dac_kl(student, teacher, mask, mode="fixed", base="kl")
+    with pytest.raises(TypeError, match="alpah"):
+        dac_kl(student, teacher, mask, mode="fixed", base="skew_forward_kl", base_params={"alpah": 0.1})
+    with pytest.raises(ValueError, match="alpha must be in"):
+        dac_kl(student, teacher, mask, mode="fixed", base="skew_forward_kl", base_params={"alpha": 1.5})

@@ -46,56 +46,12 @@ CASES = [
 CASE_IDS = [f"{name}-{params}" for name, params in CASES]
 
 
-def reference_divergence(name, params, p, q, kl):
-    """One position's divergence from its textbook formula; p teacher, q student (float lists)."""
-    if name == "forward_kl":
-        return kl(p, q)
-    if name == "reverse_kl":
-        return kl(q, p)
-    if name == "symmetric_kl":
-        lam = params.get("lam", 0.9)
-        return (1 - lam) * kl(p, q) + lam * kl(q, p)
-    if name == "skew_forward_kl":
-        alpha = params.get("alpha", 0.1)
-        return kl(p, [alpha * a + (1 - alpha) * b for a, b in zip(p, q)])
-    if name == "skew_reverse_kl":
-        alpha = params.get("alpha", 0.1)
-        return kl(q, [(1 - alpha) * a + alpha * b for a, b in zip(p, q)])
-    if name == "generalized_jsd":  # TRL's generalized_jsd_loss, including its end points
-        beta = params.get("beta", 0.5)
-        if beta == 0:
-            return kl(p, q)
-        if beta == 1:
-            return kl(q, p)
-        m = [beta * a + (1 - beta) * b for a, b in zip(p, q)]
-        return beta * kl(p, m) + (1 - beta) * kl(q, m)
-    if name == "total_variation":
-        return 0.5 * sum(abs(a - b) for a, b in zip(p, q))
-    if name == "abkd":
-        return alpha_beta64(p, q, params.get("alpha", 0.2), params.get("beta", 0.7))
-    raise AssertionError(name)
-
-
-def alpha_beta64(p, q, a, b):
-    """Cichocki et al.'s D_AB^(α,β)(p‖q) and its limits, term by term over the entries with p or q > 0."""
-    pairs = [(x, y) for x, y in zip(p, q) if x > 0 or y > 0]
-    if a == 0 and b == 0:
-        return 0.5 * sum((math.log(x) - math.log(y)) ** 2 for x, y in pairs)
-    if b == 0:
-        return sum(x**a * math.log(x**a / y**a) - x**a + y**a for x, y in pairs) / a**2
-    if a == 0:
-        return sum(y**b * math.log(y**b / x**b) - y**b + x**b for x, y in pairs) / b**2
-    if a + b == 0:
-        return sum(math.log(y**a / x**a) + x**a / y**a - 1 for x, y in pairs) / a**2
-    return -sum(x**a * y**b - a / (a + b) * x ** (a + b) - b / (a + b) * y ** (a + b) for x, y in pairs) / (a * b)
-
-
 @pytest.fixture
-def reference(softmax_ref, kl_ref, reduce_ref):
+def reference(softmax_ref, kl_ref, reduce_ref, divergence_ref):
     def compute(name, params, student, teacher, mask, temperature, reduction):
         per_position = [
             [
-                reference_divergence(name, params, softmax_ref(teacher[b, t], temperature), softmax_ref(student[b, t], temperature), kl_ref)
+                divergence_ref(name, params, softmax_ref(teacher[b, t], temperature), softmax_ref(student[b, t], temperature), kl_ref)
                 for t in range(student.size(1))
             ]
             for b in range(student.size(0))
@@ -288,14 +244,21 @@ def test_alpha_beta_divergence_refuses_non_finite_parameters(make_case):
 def test_registry_names_and_common_signature():
     assert set(DIVERGENCES) == {
         "forward_kl", "reverse_kl", "symmetric_kl", "skew_forward_kl", "skew_reverse_kl", "generalized_jsd", "total_variation",
-        "abkd",
+        "abkd", "alpha_beta",
     }
     for name, fn in DIVERGENCES.items():
-        assert fn.__name__ == {"abkd": "alpha_beta_divergence"}.get(name, name)
+        assert fn.__name__ == {"abkd": "alpha_beta_divergence", "alpha_beta": "alpha_beta_divergence"}.get(name, name)
         parameters = inspect.signature(fn).parameters
         assert list(parameters)[:3] == ["student_logits", "teacher_logits", "mask"]
         for keyword in ("temperature", "reduction", "chunk_size"):
             assert parameters[keyword].kind is inspect.Parameter.KEYWORD_ONLY
+        assert callable(fn.terms)  # the per-entry terms DAC-KL applies to its clipped vectors
+
+
+def test_misspelt_parameter_is_refused_before_any_work(make_case):
+    student, teacher, mask = make_case()
+    with pytest.raises(TypeError, match="alpah"):
+        skew_forward_kl(student, teacher, mask, alpah=0.1)
 
 
 def test_bad_inputs_raise_readable_errors(make_case):
