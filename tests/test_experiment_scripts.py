@@ -126,3 +126,31 @@ def test_final_answers_of_a_generations_file(tmp_path, capsys):
 
     # describe_record has no final answer; of the other two, one is right
     assert f"| {generations} | 50.00 (one run) | chain_arithmetic 100, word_transform 0 |" in capsys.readouterr().out
+
+
+def write_curve(run_dir: Path, values: list[float]) -> None:
+    logs = run_dir / "logs" / "version_0"
+    logs.mkdir(parents=True)
+    rows = ["step,train/loss,val/rougeL"] + [f"{99 + 100 * i},1.0,{v}" for i, v in enumerate(values)]
+    rows.insert(1, "5,1.0,")  # a training row without a validation value
+    (logs / "metrics.csv").write_text("\n".join(rows) + "\n")
+
+
+def test_sweep_table_reads_best_validation_and_keeps_the_default_on_a_tie(tmp_path, monkeypatch):
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(
+        "methods:\n"
+        "  m: {m: {config: m}, m_a: {config: m}, m_b: {config: m}}\n"
+        "  n: {n: {config: n}, n_a: {config: n}}\n"
+    )
+    runs = tmp_path / "runs" / "reproduce-facts"
+    write_curve(runs / "m" / "seed0", [40.0, 41.0, 40.5])
+    write_curve(runs / "m_a" / "seed0", [39.0, 41.05])  # within the tie margin of the default
+    write_curve(runs / "m_b" / "seed0", [38.0, 40.0])
+    write_curve(runs / "n" / "seed0", [30.0])
+    write_curve(runs / "n_a" / "seed0", [30.0, 31.2])
+    monkeypatch.chdir(tmp_path)
+    sweep = runpy.run_path(str(EXPERIMENTS / "sweep.py"))
+    text = sweep["table"](sweep["load_grid"](grid), 0)
+    assert "| m | m_a | 41.05 | 199 | 39.0, 41.0 |" in text
+    assert "- m: **m**" in text and "- n: **n_a**" in text
