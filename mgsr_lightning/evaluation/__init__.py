@@ -8,19 +8,25 @@ DDP-correct metrics for validation, and the Table-1 report.
 - :mod:`.report`: Table 1 in markdown and as a bar chart, from several runs' metrics.
 """
 
-from mgsr_lightning.evaluation.evaluate import DEFAULT_SEEDS, EvalConfig, evaluate_model
-from mgsr_lightning.evaluation.metrics import ExactMatch, MeanScore, MeanTextScore, RougeL
-from mgsr_lightning.evaluation.readers import (
-    EVAL_SETS,
-    EvalSetSpec,
-    load_dolly15k,
-    load_eval_set,
-    split_dolly15k,
-)
-from mgsr_lightning.evaluation.report import format_table1, plot_table1, summarize_runs, write_report
-from mgsr_lightning.evaluation.rouge import exact_match, normalize_answer, rouge_l
-from mgsr_lightning.generation import decode_responses
-from mgsr_lightning.seeding import example_seeds
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mgsr_lightning.evaluation.evaluate import DEFAULT_SEEDS, EvalConfig, evaluate_model
+    from mgsr_lightning.evaluation.metrics import ExactMatch, MeanScore, MeanTextScore, RougeL
+    from mgsr_lightning.evaluation.readers import (
+        EVAL_SETS,
+        EvalSetSpec,
+        load_dolly15k,
+        load_eval_set,
+        split_dolly15k,
+    )
+    from mgsr_lightning.evaluation.report import format_table1, plot_table1, summarize_runs, write_report
+    from mgsr_lightning.evaluation.rouge import exact_match, normalize_answer, rouge_l
+    from mgsr_lightning.generation import decode_responses
+    from mgsr_lightning.seeding import example_seeds
 
 __all__ = [
     "DEFAULT_SEEDS",
@@ -45,3 +51,28 @@ __all__ = [
     "summarize_runs",
     "write_report",
 ]
+
+# each name's module, imported on first use (PEP 562): importing one submodule (``rouge``, ``metrics``)
+# does not load the evaluation loop and the data package
+_HOMES = {
+    **dict.fromkeys(("DEFAULT_SEEDS", "EvalConfig", "evaluate_model"), "mgsr_lightning.evaluation.evaluate"),
+    **dict.fromkeys(("ExactMatch", "MeanScore", "MeanTextScore", "RougeL"), "mgsr_lightning.evaluation.metrics"),
+    **dict.fromkeys(("EVAL_SETS", "EvalSetSpec", "load_dolly15k", "load_eval_set", "split_dolly15k"),
+                    "mgsr_lightning.evaluation.readers"),
+    **dict.fromkeys(("format_table1", "plot_table1", "summarize_runs", "write_report"), "mgsr_lightning.evaluation.report"),
+    **dict.fromkeys(("exact_match", "normalize_answer", "rouge_l"), "mgsr_lightning.evaluation.rouge"),
+    "decode_responses": "mgsr_lightning.generation",
+    "example_seeds": "mgsr_lightning.seeding",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOMES[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

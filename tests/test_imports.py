@@ -1,0 +1,61 @@
+"""What importing the package costs and does: the losses need only torch, the public names stay where
+they were, and importing changes no global state."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_python(code: str) -> subprocess.CompletedProcess:
+    """``code`` in a fresh interpreter (``sys.modules`` as a user's first import finds it)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_importing_the_losses_needs_only_torch():
+    result = run_python("""
+        import sys
+        import mgsr_lightning.losses
+
+        assert "lightning" not in sys.modules
+        assert "transformers" not in sys.modules
+        ours = sorted(name for name in sys.modules if name.startswith("mgsr_lightning"))
+        allowed = ("mgsr_lightning", "mgsr_lightning.batch", "mgsr_lightning.losses")
+        assert all(name in allowed or name.startswith("mgsr_lightning.losses.") for name in ours), ours
+    """)
+    assert result.returncode == 0, result.stderr
+
+
+def test_public_names_import_as_before():
+    result = run_python("""
+        import sys
+        import mgsr_lightning
+        import mgsr_lightning.evaluation
+
+        assert "lightning" not in sys.modules  # the package's own names are imported on first use
+        from mgsr_lightning import DistillLightningModule, InstructionDataModule
+        from mgsr_lightning.losses import DIVERGENCES, DistillLoss, dac_kl, forward_kl
+        from mgsr_lightning.evaluation import *  # noqa: F403
+        from mgsr_lightning.evaluation import RougeL, evaluate_model, rouge_l
+
+        assert DistillLightningModule.__module__ == "mgsr_lightning.module"
+        assert InstructionDataModule.__module__ == "mgsr_lightning.data.datamodule"
+        assert {"DistillLightningModule", "InstructionDataModule"} <= set(dir(mgsr_lightning))
+        for package in (mgsr_lightning, mgsr_lightning.evaluation):
+            for name in package.__all__:
+                getattr(package, name)
+        try:
+            from mgsr_lightning import no_such_name  # noqa: F401
+        except ImportError:
+            pass
+        else:
+            raise AssertionError("an unknown name imported")
+    """)
+    assert result.returncode == 0, result.stderr
