@@ -30,11 +30,13 @@ The optional linguistic chunker on decoded text (spaCy) is :mod:`mgsr_lightning.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from torch import Tensor, nn
+
+from mgsr_lightning.text_spans import TextChunkSpanPrior, spacy_chunker
+from mgsr_lightning.vocabulary import token_texts
 
 # Word classes (0: any other word).
 NONE, PREPOSITION, DETERMINER, AUXILIARY, CONJUNCTION = 0, 1, 2, 3, 4
@@ -62,52 +64,8 @@ CONTINUES_AFTER: dict[int, tuple[int, ...]] = {
     DETERMINER: (PREPOSITION, DETERMINER),
     AUXILIARY: (DETERMINER, AUXILIARY),
 }
-SCHEMES = ("auto", "byte_level", "sentencepiece")
 _ID_BITS = 20  # a function word's ids (up to 3) are packed into one int64 key, 20 bits each
 _MAX_WORD_TOKENS = 3
-
-
-def _byte_level_decoder() -> dict[str, int]:
-    """Inverse of GPT-2's byte-to-unicode table: printable Latin-1 bytes stand for themselves, the
-    other 68 bytes map, in order, to U+0100 onwards ("Ġ" is the space, "Ċ" the newline)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    others = [b for b in range(256) if b not in printable]
-    return {**{chr(b): b for b in printable}, **{chr(256 + n): b for n, b in enumerate(others)}}
-
-
-_BYTE_LEVEL = _byte_level_decoder()
-_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
-
-
-def token_texts(tokens: Sequence[str | None], scheme: str = "auto") -> list[str]:
-    """The text each vocabulary entry stands for (a leading space marks a word start).
-
-    tokens: the raw vocabulary strings by id (``convert_ids_to_tokens``). scheme: "byte_level"
-    (GPT-2 style, "Ġ" = space), "sentencepiece" ("▁" = space, "<0xNN>" byte fallback) or "auto"
-    (whichever marker prefixes more entries). Bytes that are not a whole UTF-8 character decode to
-    U+FFFD. Missing entries (None) give "".
-    """
-    if scheme not in SCHEMES:
-        raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
-    if scheme == "auto":
-        byte_level = sum(t.startswith("Ġ") for t in tokens if t)
-        sentencepiece = sum(t.startswith("▁") for t in tokens if t)
-        if byte_level == sentencepiece == 0:
-            raise ValueError(
-                "cannot tell the word-start marker of this vocabulary (no 'Ġ' or '▁' prefixes); pass scheme="
-            )
-        scheme = "byte_level" if byte_level > sentencepiece else "sentencepiece"
-    texts = []
-    for token in tokens:
-        if token is None:
-            texts.append("")
-        elif scheme == "byte_level" and all(ch in _BYTE_LEVEL for ch in token):
-            texts.append(bytes(_BYTE_LEVEL[ch] for ch in token).decode("utf-8", errors="replace"))
-        elif scheme == "sentencepiece" and (fallback := _BYTE_FALLBACK.fullmatch(token)):
-            texts.append(bytes([int(fallback.group(1), 16)]).decode("utf-8", errors="replace"))
-        else:
-            texts.append(token.replace("▁", " ") if scheme == "sentencepiece" else token)
-    return texts
 
 
 class TokenSpanPrior(nn.Module):
@@ -245,6 +203,4 @@ def build_span_prior(tokenizer, prior: str = "tokens") -> Callable[[Tensor, Tens
     """The span prior of ``SpanLoss.prior``: ``tokens`` (``TokenSpanPrior``) or ``spacy`` (``text_spans``)."""
     if prior == "tokens":
         return TokenSpanPrior.from_tokenizer(tokenizer)
-    from mgsr_lightning.text_spans import TextChunkSpanPrior, spacy_chunker  # imports spans: resolved at call time
-
     return TextChunkSpanPrior.from_tokenizer(tokenizer, spacy_chunker())

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 import torch
 from torch import Tensor
 
-from mgsr_lightning.spans import token_texts
+from mgsr_lightning.vocabulary import token_texts
 
 
 class TextChunkSpanPrior:
