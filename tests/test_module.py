@@ -273,3 +273,30 @@ def test_distillm_from_a_student_far_from_the_teacher_says_so_on_its_first_step(
         warnings.simplefilter("always")
         fit("distillm", tiny_assets, tmp_path / "near")
     assert not [w for w in recorded if issubclass(w.category, FarFromTeacherWarning)]
+
+
+def test_abkd_from_a_student_far_from_the_teacher_says_so_on_its_first_step(tiny_assets, tmp_path):
+    """ABKD's alpha-beta divergence (alpha 0.2, beta 0.7) with a sure teacher and a random student starts at or
+    above 1/(alpha*beta), where its gradient on the teacher's tokens scales with q^beta; the first step says so.
+    With the near-uniform tiny teacher it is far below: nothing is said."""
+    import warnings
+
+    from transformers import AutoModelForCausalLM
+
+    from mgsr_lightning.losses.saturation import FarFromTeacherWarning
+
+    teacher = AutoModelForCausalLM.from_pretrained(tiny_assets["models"]["gpt2"]["teacher"])
+    with torch.no_grad():
+        teacher.lm_head.weight.mul_(200.0)
+    teacher.save_pretrained(tmp_path / "sure_teacher")
+    sure = f'--model.init_args.teacher={{"name_or_path": "{tmp_path / "sure_teacher"}", "dtype": "float32"}}'
+    with pytest.warns(FarFromTeacherWarning, match=r"the alpha-beta divergence \(ABKD\) is \d+\.\d\d nats per token at "
+                      r"step 0, \d+% of its value for a student far from the teacher, 1/\(alpha\*beta\) = 7\.14.*"
+                      r"q\^beta/alpha.*init_student\.yaml") as caught:
+        fit("abkd", tiny_assets, tmp_path / "far", sure)
+    assert len([w for w in caught if w.category is FarFromTeacherWarning]) == 1
+
+    with warnings.catch_warnings(record=True) as recorded:
+        warnings.simplefilter("always")
+        fit("abkd", tiny_assets, tmp_path / "near")
+    assert not [w for w in recorded if issubclass(w.category, FarFromTeacherWarning)]
