@@ -43,6 +43,9 @@ from mgsr_lightning.scrg import ScrgConfig
 from mgsr_lightning.seeding import rollout_seeds
 from mgsr_lightning.spans import build_span_prior
 from mgsr_lightning.tokenizer import load_tokenizer, token_id
+from mgsr_lightning.warning_format import show_category_names
+
+show_category_names()  # Lightning's formatter drops the category of warnings from files named *lightning*
 
 # The teacher is in eval mode on purpose (no dropout); Lightning warns about any module in eval mode.
 warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode at the start of training")
