@@ -2,7 +2,8 @@
 DDP-correct metrics for validation, and the Table-1 report.
 
 - :mod:`.rouge`: ROUGE-L ×100 and exact match per example, exactly as the peers' ``rouge_metric.py``.
-- :mod:`.metrics`: torchmetrics ``RougeL`` / ``ExactMatch`` (sum/count states) for validation (``callbacks.GenerationMetrics``).
+- :mod:`.metrics`: torchmetrics ``RougeL`` / ``ExactMatch`` (sum/count states) for validation
+  (``callbacks.GenerationMetrics``).
 - :mod:`.readers`: DollyEval, SelfInst, Vicuna, S-NI, UnNI (``EVAL_SETS``) and Dolly-15k's 1,000-row split.
 - :mod:`.evaluate`: ``evaluate_model`` (generate + score over seeds; generations.jsonl, metrics.json, table.md).
 - :mod:`.report`: Table 1 in markdown and as a bar chart, from several runs' metrics.
@@ -59,7 +60,8 @@ _HOMES = {
     **dict.fromkeys(("ExactMatch", "MeanScore", "MeanTextScore", "RougeL"), "mgsr_lightning.evaluation.metrics"),
     **dict.fromkeys(("EVAL_SETS", "EvalSetSpec", "load_dolly15k", "load_eval_set", "split_dolly15k"),
                     "mgsr_lightning.evaluation.readers"),
-    **dict.fromkeys(("format_table1", "plot_table1", "summarize_runs", "write_report"), "mgsr_lightning.evaluation.report"),
+    **dict.fromkeys(("format_table1", "plot_table1", "summarize_runs", "write_report"),
+                    "mgsr_lightning.evaluation.report"),
     **dict.fromkeys(("exact_match", "normalize_answer", "rouge_l"), "mgsr_lightning.evaluation.rouge"),
     "decode_responses": "mgsr_lightning.generation",
     "example_seeds": "mgsr_lightning.seeding",
