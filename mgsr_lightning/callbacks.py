@@ -1,7 +1,8 @@
 """The module's own callbacks and their config (added by ``DistillLightningModule.configure_callbacks`` from its init args).
 
 - ``GenerationMetrics``: ROUGE-L and exact match of sampled responses, on the first
-  ``validation.rouge_examples`` validation examples and on the whole test split;
+  ``validation.rouge_examples`` validation examples and on the whole test split; at the end of fit, the
+  validation curve in one line and a warning when it collapsed or its samples never ended;
 - ``TeacherResponses``: SeqKD's teacher answers to every training prompt, generated once and cached;
 - ``ExportStudent``: the student in Hugging Face format at the end of fit;
 - ``RunHyperparameters``: the effective global batch size and the loss weights, logged once per fit.
@@ -15,11 +16,12 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 
 from mgsr_lightning.batch import Rollout
-from mgsr_lightning.evaluation.metrics import ExactMatch, RougeL
+from mgsr_lightning.evaluation.metrics import ExactMatch, MeanScore, RougeL
 from mgsr_lightning.export import export_student, training_settings
-from mgsr_lightning.generation import decode_responses, sample
+from mgsr_lightning.generation import decode_responses, sample, token_id_tensor
 from mgsr_lightning.seeding import example_seeds
 
 log = logging.getLogger(__name__)
@@ -43,10 +45,68 @@ class ValidationConfig:
 
 def generate_texts(pl_module, batch: dict[str, Any]) -> list[str]:
     """The student's sampled response to each prompt of a batch (seed ``validation.seed`` and example index)."""
+    return decode_responses(pl_module.tokenizer, _generate(pl_module, batch))
+
+
+def _generate(pl_module, batch: dict[str, Any]) -> Rollout:
     decoding = pl_module.decoding.with_max_new_tokens(pl_module.validation_config.max_new_tokens)
     seeds = example_seeds(pl_module.validation_config.seed, batch["example_index"].cpu())
-    rollout = sample(pl_module.student, batch["prompt_ids"], batch["prompt_mask"], decoding, seeds=seeds)
-    return decode_responses(pl_module.tokenizer, rollout)
+    return sample(pl_module.student, batch["prompt_ids"], batch["prompt_mask"], decoding, seeds=seeds)
+
+
+class ValidationCollapseWarning(UserWarning):
+    """Validation ROUGE-L ended far below its best: the student fell apart during training."""
+
+
+class SamplesNeverEndWarning(UserWarning):
+    """Most validation samples reached the generation limit without an EOS."""
+
+
+#: the last validation below this share of the best one (of at least COLLAPSE_MIN_BEST points) is a collapse
+COLLAPSE_SHARE = 0.5
+COLLAPSE_MIN_BEST = 5.0
+#: more than this share of the last validation's samples without an EOS is reported
+UNENDED_SHARE = 0.5
+START_ADVICE = ("start from a student fine-tuned on the task (on data prepared by `prepare`: add --config "
+                "<its folder>/init_student.yaml to fit)")
+
+
+def curve_summary(curve: list[tuple[int, float]], name: str = "val/rougeL") -> str:
+    """One line: ``val/rougeL by step: 100: 31.2, 200: 35.0, ...; best 36.1 at step 400`` (the middle of a long
+    curve elided), and whether it was still rising at its last validation."""
+    points = [f"{step}: {value:.1f}" for step, value in curve]
+    if len(points) > 12:
+        points = points[:3] + ["..."] + points[-8:]
+    best_step, best = max(curve, key=lambda point: (point[1], -point[0]))
+    line = f"{name} by step: {', '.join(points)}; best {best:.1f} at step {best_step}"
+    if len(curve) > 1 and curve[-1][0] == best_step and best > curve[-2][1]:
+        line += " (still rising at the last validation: more steps may help, --trainer.max_steps)"
+    return line
+
+
+def collapse_message(curve: list[tuple[int, float]]) -> str | None:
+    """What to say when the last validation ROUGE-L fell far below the best (and so the first) one, else None."""
+    if len(curve) < 2:
+        return None
+    (first_step, first), (last_step, last) = curve[0], curve[-1]
+    best_step, best = max(curve, key=lambda point: (point[1], -point[0]))
+    if best < COLLAPSE_MIN_BEST or last >= COLLAPSE_SHARE * best:
+        return None
+    return (f"validation ROUGE-L fell to {last:.1f} at step {last_step}, from {first:.1f} at its first validation "
+            f"(step {first_step}) and {best:.1f} at its best (step {best_step}): the student collapsed during training "
+            f"(the export keeps the best checkpoint where one monitors val/rougeL). To train it soundly, "
+            f"{START_ADVICE}, lower model.init_args.optimizer.lr, or add a cross-entropy term "
+            f"(model.init_args.sft_weight > 0)")
+
+
+def unended_message(share: float, step: int, max_new_tokens: int) -> str | None:
+    """What to say when most of the last validation's samples never produced an EOS, else None."""
+    if share <= UNENDED_SHARE:
+        return None
+    return (f"{share:.0%} of the validation samples at step {step} did not end within {max_new_tokens} new tokens "
+            f"(no EOS), so their ROUGE-L is of cut answers: either the answers are longer than {max_new_tokens} "
+            f"tokens (raise model.init_args.sampling.max_new_tokens, within the model's positions minus the prompt), "
+            f"or the student has not learnt to stop ({START_ADVICE}, or train longer)")
 
 
 class GenerationMetrics(L.Callback):
@@ -56,25 +116,66 @@ class GenerationMetrics(L.Callback):
     Validation scores the first ``rouge_examples`` examples (the first batches of every rank,
     decided alike on all ranks, since generation is in lockstep) and skips the sanity check; test
     scores every example.
+
+    Each validation's ROUGE-L and share of samples without an EOS are kept (and checkpointed); at the
+    end of fit the curve is printed in one line (:func:`curve_summary`), with a
+    ``ValidationCollapseWarning`` when the last score fell far below the best one and a
+    ``SamplesNeverEndWarning`` when most of the last validation's samples never ended.
     """
 
     def __init__(self, rouge_examples: int):
         self.rouge_examples = rouge_examples
         self.metrics = {stage: (RougeL(), ExactMatch()) for stage in ("val", "test")}
+        self.unended = MeanScore()
+        self.curve: dict[int, tuple[float, float]] = {}  # global step -> (val/rougeL, share of samples without EOS)
 
     def _score(self, stage: str, pl_module, batch: dict[str, Any]) -> None:
         rouge_l, exact = self.metrics[stage]
-        predictions = generate_texts(pl_module, batch)
+        rollout = _generate(pl_module, batch)
+        predictions = decode_responses(pl_module.tokenizer, rollout)
         rouge_l.to(pl_module.device).update(predictions, batch["references"])
         exact.to(pl_module.device).update(predictions, batch["references"])
+        if stage == "val":
+            eos = token_id_tensor(pl_module.decoding.eos_token_id, rollout.response_ids.device)
+            ended = (torch.isin(rollout.response_ids, eos) & rollout.response_mask).any(-1)
+            self.unended.to(pl_module.device).update((~ended).double())
 
     def _log(self, stage: str, pl_module) -> None:
         rouge_l, exact = self.metrics[stage]
         if rouge_l.update_count:
-            pl_module.log(f"{stage}/rougeL", rouge_l.compute(), prog_bar=stage == "val")
+            rouge = rouge_l.compute()
+            pl_module.log(f"{stage}/rougeL", rouge, prog_bar=stage == "val")
             pl_module.log(f"{stage}/exact_match", exact.compute())
+            if stage == "val":
+                self.curve[int(pl_module.global_step)] = (float(rouge), float(self.unended.compute()))
         rouge_l.reset()
         exact.reset()
+        if stage == "val":
+            self.unended.reset()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"curve": [[step, rouge, unended] for step, (rouge, unended) in sorted(self.curve.items())]}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.curve = {int(step): (float(rouge), float(unended)) for step, rouge, unended in state_dict.get("curve", [])}
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        if trainer.ckpt_path is None:
+            self.curve = {}  # a new run (a resumed one gets its curve back from the checkpoint)
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        if not self.curve or not trainer.is_global_zero:
+            return
+        curve = sorted(self.curve.items())
+        print(curve_summary([(step, rouge) for step, (rouge, _) in curve]), flush=True)
+        message = collapse_message([(step, rouge) for step, (rouge, _) in curve])
+        if message is not None:
+            rank_zero_warn(message, category=ValidationCollapseWarning)
+        last_step, (_, unended) = curve[-1]
+        budget = pl_module.decoding.with_max_new_tokens(pl_module.validation_config.max_new_tokens).sampling.max_new_tokens
+        message = unended_message(unended, last_step, budget)
+        if message is not None:
+            rank_zero_warn(message, category=SamplesNeverEndWarning)
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
         examples_before = batch_idx * len(batch["references"]) * trainer.world_size
