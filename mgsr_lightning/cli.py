@@ -77,7 +77,11 @@ def load_config_text(text: str) -> Any:
     return {key: value for key, value in resolved.items() if not key.startswith("_")}
 
 
-set_loader(PARSER_MODE, load_config_text, exceptions=(yaml.YAMLError,))
+def use_config_loader() -> None:
+    """Make ``load_config_text`` jsonargparse's loader for ``PARSER_MODE`` (idempotent); a parser in that
+    mode can be made only after this, so ``DistillCLI`` calls it before making its parsers."""
+    set_loader(PARSER_MODE, load_config_text, exceptions=(yaml.YAMLError,))
+
 
 class _NoAdvertisements(logging.Filter):
     """Drops Lightning's "💡 Tip: try installing ..." lines (advertisements for other packages)."""
@@ -96,9 +100,6 @@ def quiet_lightning() -> None:
         logger = logging.getLogger(name)
         if not any(isinstance(existing, _NoAdvertisements) for existing in logger.filters):
             logger.addFilter(_NoAdvertisements())
-
-
-quiet_lightning()
 
 
 class StepLimitedRichProgressBar(RichProgressBar):
@@ -169,6 +170,10 @@ class DistillCLI(LightningCLI):
     """
 
     _resume_step: int | None = None
+
+    def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
+        use_config_loader()
+        return super().init_parser(**kwargs)
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         try:
@@ -288,12 +293,14 @@ def _program_name_only() -> Any:
 
 def run_cli(args: list[str] | None = None, run: bool = True) -> DistillCLI:
     """Run (or with ``run=False`` only build) the LightningCLI on ``args`` (None: the command line)."""
+    quiet_lightning()
     with _program_name_only() if args is not None else contextlib.nullcontext():
         return DistillCLI(
             DistillLightningModule,
             InstructionDataModule,
             subclass_mode_model=True,
-            parser_kwargs={"parser_mode": PARSER_MODE, "exit_on_error": False, "prog": PROG},
+            # allow_abbrev: a misspelt `--trainer.max_step` is refused as in a config file, not read as max_steps
+            parser_kwargs={"parser_mode": PARSER_MODE, "exit_on_error": False, "prog": PROG, "allow_abbrev": False},
             trainer_defaults={"callbacks": [NonFiniteLossGuard()]},
             save_config_kwargs={"overwrite": True},
             args=args,

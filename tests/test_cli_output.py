@@ -42,6 +42,9 @@ def test_fit_from_python_with_a_command_line_present_does_not_warn(tiny_assets, 
 def test_lightning_advertisements_are_dropped_and_other_lines_kept(caplog):
     from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
+    from mgsr_lightning.cli import quiet_lightning
+
+    quiet_lightning()  # what run_cli does first
     with caplog.at_level(logging.INFO):
         rank_zero_info("💡 Tip: For seamless cloud logging, try installing litlogger")
         rank_zero_info("GPU available: False, used: False")
@@ -58,7 +61,7 @@ def test_lightning_s_leafspec_deprecation_is_silenced_and_nothing_else():
         _tree_flatten(1)
         assert any("LeafSpec" in str(w.message) for w in caught)  # what Lightning emits on its own
         caught.clear()
-        quiet_lightning()  # what importing mgsr_lightning.cli does
+        quiet_lightning()  # what run_cli does first
         _tree_flatten(1)
         warnings.warn("kept", FutureWarning)
     assert [str(w.message) for w in caught] == ["kept"]  # narrow: other FutureWarnings still show

@@ -59,3 +59,31 @@ def test_public_names_import_as_before():
             raise AssertionError("an unknown name imported")
     """)
     assert result.returncode == 0, result.stderr
+
+
+def test_importing_the_cli_changes_no_global_state_and_run_cli_sets_it_up():
+    result = run_python("""
+        import logging
+        import warnings
+
+        from jsonargparse._loaders_dumpers import loaders
+
+        from mgsr_lightning import cli
+
+        def leafspec_filtered():
+            return any("LeafSpec" in str(getattr(f[1], "pattern", "")) for f in warnings.filters)
+
+        tips = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+        assert not leafspec_filtered(), "importing the CLI changed the warning filters"
+        assert cli.PARSER_MODE not in loaders, "importing the CLI registered its config loader"
+        assert not [f for f in tips.filters if isinstance(f, cli._NoAdvertisements)]
+
+        try:  # a config composed from _base_ files needs the loader
+            cli.run_cli(["fit", "--config", "configs/tiny/kd.yaml", "--print_config"])
+        except SystemExit as exit:
+            assert exit.code in (0, None), exit.code
+        assert loaders[cli.PARSER_MODE] is cli.load_config_text
+        assert [f for f in tips.filters if isinstance(f, cli._NoAdvertisements)]
+        assert leafspec_filtered()
+    """)
+    assert result.returncode == 0, result.stderr[-3000:]
