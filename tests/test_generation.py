@@ -7,14 +7,17 @@ import torch
 from tiny_models import build_tiny_model
 from torch import nn
 
-from mgsr_lightning.batch import Rollout
+from mgsr_lightning.batch import Rollout, positions_from_mask
 from mgsr_lightning.generation import (
     Decoding,
     SamplingConfig,
     choose_tokens,
     filter_logits,
     inverse_cdf,
+    realigned_cache,
     response_logits,
+    response_logits_and_cache,
+    response_logits_from_prefix,
     sample,
 )
 
@@ -305,3 +308,66 @@ def test_empty_prompt_is_rejected():
     prompt_ids, prompt_mask = left_padded([[5, 6], []])
     with pytest.raises(ValueError, match="at least one real token"):
         sample(model, prompt_ids, prompt_mask, Decoding(GREEDY, **IDS))
+
+
+# ---------------------------------------------------------------- re-generation from the scoring forward's KV cache
+
+EIGHT_TOKENS = SamplingConfig(max_new_tokens=8)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "opt", "llama"])
+def test_realigned_cache_gives_the_logits_of_re_encoding_the_prefix(family):
+    model = sharpened(build_tiny_model(family, VOCAB, seed=3, n_layer=2))
+    rollout = sample(model, *left_padded(PROMPTS, 2), Decoding(EIGHT_TOKENS, **IDS), seeds=torch.tensor([1, 2, 3]))
+    _, cache = response_logits_and_cache(model, rollout)
+    cuts = torch.tensor([5, 0, 3])  # per row: keep response[:cut], then feed a new token
+    new_tokens = torch.tensor([70, 71, 72])
+    columns = torch.arange(rollout.response_ids.size(1))[None, :]
+    keep = rollout.response_mask & (columns < cuts[:, None])
+    prompts, responses = rollout.to_token_lists()
+    contexts = [p + r[:cut] + [token] for p, r, cut, token in zip(prompts, responses, cuts.tolist(), new_tokens.tolist())]
+    context_ids, context_mask = left_padded(contexts)
+
+    # The context less its new token is prompt + response[:cut]: its columns in the scoring forward.
+    real = torch.cat([rollout.prompt_mask, keep], 1)
+    order = torch.sort(real.long(), dim=1, stable=True).indices[:, real.size(1) - (context_ids.size(1) - 1):]
+    realigned = realigned_cache(cache, torch.arange(3), order)
+    assert realigned is not None
+    positions = positions_from_mask(context_mask)
+    continued = model(input_ids=context_ids[:, -1:], attention_mask=context_mask.long(),
+                      position_ids=positions[:, -1:], cache=realigned, use_cache=True).logits[:, -1]
+    encoded = model(input_ids=context_ids, attention_mask=context_mask.long(), position_ids=positions).logits[:, -1]
+    torch.testing.assert_close(continued, encoded, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "opt", "llama"])
+@pytest.mark.parametrize("unchanged", [0, 3, 7])
+def test_logits_from_an_earlier_forward_s_prefix_equal_a_full_forward(family, unchanged):
+    model = sharpened(build_tiny_model(family, VOCAB, seed=3, n_layer=2))
+    earlier = sample(model, *left_padded(PROMPTS, 2), Decoding(EIGHT_TOKENS, **IDS), seeds=torch.tensor([1, 2, 3]))
+    earlier_logits, cache = response_logits_and_cache(model, earlier)
+    # A new rollout: the same prompts and response[:unchanged], then other tokens, two columns wider,
+    # with rows of different lengths (row 1 ends early, its tail padding).
+    width = earlier.response_ids.size(1)
+    new_ids = torch.cat([earlier.response_ids, earlier.response_ids[:, :2]], 1).clone()
+    new_ids[:, unchanged:] = torch.randint(3, VOCAB, (3, width + 2 - unchanged), generator=torch.Generator().manual_seed(0))
+    new_mask = torch.ones_like(new_ids, dtype=torch.bool)
+    new_mask[:, :unchanged] = earlier.response_mask[:, :unchanged]
+    new_mask[1, max(unchanged, 5):] = False
+    new_ids = new_ids.masked_fill(~new_mask, PAD)
+    new = Rollout(earlier.prompt_ids, earlier.prompt_mask, new_ids, new_mask)
+
+    reused = response_logits_from_prefix(model, new, earlier_logits, cache, unchanged)
+
+    assert reused.shape == (3, width + 2, VOCAB)
+    full = response_logits(model, new)
+    torch.testing.assert_close(reused[new_mask], full[new_mask], rtol=1e-5, atol=1e-5)
+
+
+def test_a_cache_that_cannot_be_realigned_falls_back_to_re_encoding():
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicSlidingWindowLayer
+
+    sliding = DynamicCache()
+    sliding.layers = [DynamicSlidingWindowLayer(sliding_window=4)]
+    assert realigned_cache(sliding, torch.arange(1), torch.zeros(1, 2, dtype=torch.long)) is None

@@ -1,4 +1,4 @@
-"""SCRG: error-position scoring on hand-made tensors, and revision with tiny real GPT-2 pairs.
+"""SCRG: revision (``scrg.revise``) with tiny real GPT-2 pairs.
 
 The controlled tests use ``positional_gpt2`` pairs (next-token logits fixed per absolute position),
 so every error position, teacher token and length edge is known in advance. The invariance tests
@@ -25,175 +25,17 @@ from test_generation import (
     with_output_bias,
 )
 
-from mgsr_lightning.batch import Rollout, positions_from_mask
-from mgsr_lightning.generation import (
-    Decoding, SamplingConfig, realigned_cache, response_logits, response_logits_and_cache, response_logits_from_prefix,
-    sample,
-)
-from mgsr_lightning.error_search import find_error_positions, token_nll
+from mgsr_lightning.batch import Rollout
+from mgsr_lightning.error_search import find_error_positions
+from mgsr_lightning.generation import Decoding, SamplingConfig, response_logits, sample
 from mgsr_lightning.scrg import ScrgConfig, revise
-from mgsr_lightning.seeding import derive_seeds, row_generators
-
-
-def kl_float64(p_logits: torch.Tensor, q_logits: torch.Tensor) -> torch.Tensor:
-    """KL(p‖q) over the last dim, in float64."""
-    log_p, log_q = p_logits.double().log_softmax(-1), q_logits.double().log_softmax(-1)
-    return (log_p.exp() * (log_p - log_q)).sum(-1)
+from mgsr_lightning.seeding import derive_seeds
 
 
 def nll_float64(logits: torch.Tensor, rollout: Rollout) -> float:
     """The mean NLL per real response token of ``rollout`` under response-aligned ``logits``, in float64."""
     log_probs = logits.detach().double().log_softmax(-1).gather(-1, rollout.response_ids[..., None]).squeeze(-1)
     return float(-log_probs[rollout.response_mask].mean())
-
-
-def jsd_float64(p_logits: torch.Tensor, q_logits: torch.Tensor) -> torch.Tensor:
-    p, q = p_logits.double().softmax(-1), q_logits.double().softmax(-1)
-    mixture_log = (0.5 * (p + q)).log()
-    return 0.5 * (p * (p.log() - mixture_log)).sum(-1) + 0.5 * (q * (q.log() - mixture_log)).sum(-1)
-
-
-# ---------------------------------------------------------------- find_error_positions on hand-made tensors
-
-
-def test_error_is_the_largest_difference_among_mismatched_positions():
-    # Row 0, V = 3: position 0 agrees (teacher argmax 0 = token 0) but has the largest KL; positions 1
-    # and 2 disagree, with KL ≈ 0.78 and ≈ 1.14, so the error is position 2 and the teacher token 1.
-    # Row 1: the response is the teacher's argmax everywhere. Row 2: its only mismatch is padding.
-    teacher = torch.tensor([[[5.0, 0, 0], [0, 0, 2], [0, 3, 0]]] * 3)
-    student = torch.tensor([[[0.0, 0, 5], [0, 1, 0], [0, 0, 1]]] * 3)
-    response_ids = torch.tensor([[0, 1, 2], [0, 2, 1], [0, 2, 2]])
-    response_mask = torch.tensor([[True, True, True], [True, True, True], [True, True, False]])
-
-    errors = find_error_positions(teacher, student, response_ids, response_mask, criterion="max_difference")
-
-    assert errors.has_error.tolist() == [True, False, False]
-    assert errors.positions.tolist() == [2, 0, 0]
-    assert errors.teacher_tokens[0].item() == 1
-    reference = kl_float64(teacher, student)  # [3, 3]
-    assert torch.allclose(errors.scores[0].double(), reference[0], atol=1e-5)
-    assert errors.scores[0].argmax().item() == 0  # the matched position is not chosen despite scoring highest
-
-
-def test_start_excludes_earlier_positions_and_ties_go_to_the_earliest():
-    teacher = torch.tensor([[[0.0, 4], [0, 4], [0, 4], [0, 4]]])  # argmax 1 everywhere
-    student = torch.zeros(1, 4, 2)
-    response_ids = torch.zeros(1, 4, dtype=torch.long)  # mismatched everywhere, equal differences
-    response_mask = torch.ones(1, 4, dtype=torch.bool)
-
-    paper = dict(criterion="max_difference")
-    assert find_error_positions(teacher, student, response_ids, response_mask, **paper).positions.item() == 0
-    later = find_error_positions(teacher, student, response_ids, response_mask, start=torch.tensor([2]), **paper)
-    assert later.positions.item() == 2
-    none_left = find_error_positions(teacher, student, response_ids, response_mask, start=torch.tensor([4]), **paper)
-    assert not none_left.has_error.item() and none_left.positions.item() == 0
-
-
-@pytest.mark.parametrize(
-    ("difference", "reference"),
-    [
-        ("forward_kl", lambda t, s: kl_float64(t, s)),
-        ("reverse_kl", lambda t, s: kl_float64(s, t)),
-        ("jsd", jsd_float64),
-    ],
-)
-def test_difference_switch_uses_the_named_divergence(difference, reference):
-    teacher, student = torch.randn(2, 5, 7), torch.randn(2, 5, 7)
-    response_ids = torch.randint(7, (2, 5))
-    response_mask = torch.tensor([[True] * 5, [True, True, True, False, False]])
-
-    errors = find_error_positions(
-        teacher, student, response_ids, response_mask, criterion="max_difference", difference=difference
-    )
-
-    expected = reference(teacher, student)  # [2, 5]
-    assert torch.allclose(errors.scores.double()[response_mask], expected[response_mask], atol=1e-5)
-    for row in range(2):  # the chosen position, recomputed by a plain loop
-        candidates = [
-            r for r in range(5) if response_mask[row, r] and teacher[row, r].argmax() != response_ids[row, r]
-        ]
-        assert errors.has_error[row].item() == bool(candidates)
-        if candidates:
-            assert errors.positions[row].item() == max(candidates, key=lambda r: expected[row, r].item())
-
-
-def test_sampled_teacher_tokens_use_per_row_generators():
-    # Flat teacher logits, so sampled tokens vary; row 1 has 3 real positions.
-    teacher, student = 0.1 * torch.randn(2, 6, 50), torch.randn(2, 6, 50)
-    response_ids = torch.randint(50, (2, 6))
-    response_mask = torch.tensor([[True] * 6, [True, True, True, False, False, False]])
-    seeds = torch.tensor([5, 9])
-
-    def pick(rows: slice, width: int, row_seeds: torch.Tensor):
-        return find_error_positions(
-            teacher[rows, :width],
-            student[rows, :width],
-            response_ids[rows, :width],
-            response_mask[rows, :width],
-            criterion="max_difference",
-            teacher_token="sample",
-            generator=row_generators(row_seeds, torch.device("cpu")),
-        )
-
-    batched = pick(slice(0, 2), 6, seeds)
-    alone = pick(slice(1, 2), 3, seeds[1:])  # narrower batch: only the row's real positions
-    assert batched.positions[1] == alone.positions[0]
-    assert batched.teacher_tokens[1] == alone.teacher_tokens[0]
-    assert batched.has_error[1] == alone.has_error[0]
-    assert torch.equal(pick(slice(0, 2), 6, seeds).teacher_tokens, batched.teacher_tokens)
-
-    draws = {tuple(pick(slice(0, 1), 6, torch.tensor([s])).teacher_tokens.tolist()) for s in range(20)}
-    assert len(draws) > 1  # different seeds, different teacher samples
-
-    # A teacher that is certain is always sampled as its argmax.
-    certain = teacher.clone()
-    certain[..., 7] = 50.0
-    one_generator = torch.Generator().manual_seed(5)  # a single generator for the whole batch
-    sampled = find_error_positions(
-        certain, student, response_ids, response_mask, criterion="max_difference", teacher_token="sample",
-        generator=one_generator,
-    )
-    assert (sampled.teacher_tokens[sampled.has_error] == 7).all()
-
-
-def test_first_unlikely_is_the_earliest_mismatch_the_teacher_finds_unlikely():
-    # V = 4, teacher argmax 3 everywhere. Student tokens' teacher probabilities: 0.48 (its argmax: no
-    # mismatch), then about 0.18, 0.045, 0.002 and 0.10.
-    teacher = torch.tensor([[[0.0, 0, 0, 1], [0, 0, 0, 1], [-1, 0, 0, 3], [-4, 0, 0, 2], [-1, 0, 0, 2]]])
-    student = torch.zeros(1, 5, 4)
-    response_ids = torch.tensor([[3, 2, 1, 0, 1]])
-    response_mask = torch.ones(1, 5, dtype=torch.bool)
-    teacher_probs = teacher.softmax(-1).gather(-1, response_ids[..., None]).squeeze(-1)[0]
-    assert teacher_probs[2] < 0.1 < teacher_probs[1] and teacher_probs[3] < teacher_probs[2]
-
-    def pick(criterion, **options):
-        return find_error_positions(teacher, student, response_ids, response_mask, criterion=criterion, **options)
-
-    first = pick("first_unlikely", unlikely_below=0.1)
-    assert first.positions.tolist() == [2] and first.teacher_tokens.tolist() == [3]
-    assert torch.allclose(first.scores.double(), -teacher_probs.double().log(), atol=1e-5)
-    assert pick("first_unlikely", unlikely_below=0.5).positions.tolist() == [1]
-    assert pick("first_unlikely", unlikely_below=0.1, start=torch.tensor([3])).positions.tolist() == [3]
-    assert not pick("first_unlikely", unlikely_below=0.1, start=torch.tensor([5])).has_error.item()
-    assert pick("first_unlikely").positions.tolist() == [3]  # the default threshold, 0.02
-    assert not pick("first_unlikely", unlikely_below=0.001).has_error.item()
-    assert pick("max_teacher_nll").positions.tolist() == [3]  # the least likely student token
-
-
-def test_token_nll_matches_float64():
-    logits, tokens = torch.randn(2, 3, 11), torch.randint(11, (2, 3))
-    reference = -logits.double().log_softmax(-1).gather(-1, tokens[..., None]).squeeze(-1)
-    assert torch.allclose(token_nll(logits, tokens).double(), reference, atol=1e-5)
-
-
-def test_vocabulary_mismatch_is_a_clear_error():
-    with pytest.raises(ValueError, match="vocab"):
-        find_error_positions(
-            torch.zeros(1, 2, 10),
-            torch.zeros(1, 2, 12),
-            torch.zeros(1, 2, dtype=torch.long),
-            torch.ones(1, 2, dtype=torch.bool),
-        )
 
 
 def test_config_rejects_unknown_choices():
@@ -555,31 +397,6 @@ def test_padded_vocabulary_is_cut_before_scoring(random_pair):
 
 
 @pytest.mark.parametrize("family", ["gpt2", "opt", "llama"])
-def test_realigned_cache_gives_the_logits_of_re_encoding_the_prefix(family):
-    model = sharpened(build_tiny_model(family, VOCAB, seed=3, n_layer=2))
-    rollout = sample(model, *left_padded(PROMPTS, 2), Decoding(EIGHT_TOKENS, **IDS), seeds=torch.tensor([1, 2, 3]))
-    _, cache = response_logits_and_cache(model, rollout)
-    cuts = torch.tensor([5, 0, 3])  # per row: keep response[:cut], then feed a new token
-    new_tokens = torch.tensor([70, 71, 72])
-    columns = torch.arange(rollout.response_ids.size(1))[None, :]
-    keep = rollout.response_mask & (columns < cuts[:, None])
-    prompts, responses = rollout.to_token_lists()
-    contexts = [p + r[:cut] + [token] for p, r, cut, token in zip(prompts, responses, cuts.tolist(), new_tokens.tolist())]
-    context_ids, context_mask = left_padded(contexts)
-
-    # The context less its new token is prompt + response[:cut]: its columns in the scoring forward.
-    real = torch.cat([rollout.prompt_mask, keep], 1)
-    order = torch.sort(real.long(), dim=1, stable=True).indices[:, real.size(1) - (context_ids.size(1) - 1):]
-    realigned = realigned_cache(cache, torch.arange(3), order)
-    assert realigned is not None
-    positions = positions_from_mask(context_mask)
-    continued = model(input_ids=context_ids[:, -1:], attention_mask=context_mask.long(),
-                      position_ids=positions[:, -1:], cache=realigned, use_cache=True).logits[:, -1]
-    encoded = model(input_ids=context_ids, attention_mask=context_mask.long(), position_ids=positions).logits[:, -1]
-    torch.testing.assert_close(continued, encoded, rtol=1e-4, atol=1e-4)
-
-
-@pytest.mark.parametrize("family", ["gpt2", "opt", "llama"])
 def test_regeneration_from_the_cache_equals_re_encoding(family):
     student = sharpened(build_tiny_model(family, VOCAB, seed=2, n_layer=2))
     teacher = sharpened(build_tiny_model(family, VOCAB, seed=1, n_layer=2))
@@ -594,30 +411,6 @@ def test_regeneration_from_the_cache_equals_re_encoding(family):
     assert torch.equal(cached.rollout.response_ids, encoded.rollout.response_ids)
     assert torch.equal(cached.rollout.response_mask, encoded.rollout.response_mask)
     torch.testing.assert_close(cached.teacher_logits, encoded.teacher_logits)
-
-
-@pytest.mark.parametrize("family", ["gpt2", "opt", "llama"])
-@pytest.mark.parametrize("unchanged", [0, 3, 7])
-def test_logits_from_an_earlier_forward_s_prefix_equal_a_full_forward(family, unchanged):
-    model = sharpened(build_tiny_model(family, VOCAB, seed=3, n_layer=2))
-    earlier = sample(model, *left_padded(PROMPTS, 2), Decoding(EIGHT_TOKENS, **IDS), seeds=torch.tensor([1, 2, 3]))
-    earlier_logits, cache = response_logits_and_cache(model, earlier)
-    # A new rollout: the same prompts and response[:unchanged], then other tokens, two columns wider,
-    # with rows of different lengths (row 1 ends early, its tail padding).
-    width = earlier.response_ids.size(1)
-    new_ids = torch.cat([earlier.response_ids, earlier.response_ids[:, :2]], 1).clone()
-    new_ids[:, unchanged:] = torch.randint(3, VOCAB, (3, width + 2 - unchanged), generator=torch.Generator().manual_seed(0))
-    new_mask = torch.ones_like(new_ids, dtype=torch.bool)
-    new_mask[:, :unchanged] = earlier.response_mask[:, :unchanged]
-    new_mask[1, max(unchanged, 5):] = False
-    new_ids = new_ids.masked_fill(~new_mask, PAD)
-    new = Rollout(earlier.prompt_ids, earlier.prompt_mask, new_ids, new_mask)
-
-    reused = response_logits_from_prefix(model, new, earlier_logits, cache, unchanged)
-
-    assert reused.shape == (3, width + 2, VOCAB)
-    full = response_logits(model, new)
-    torch.testing.assert_close(reused[new_mask], full[new_mask], rtol=1e-5, atol=1e-5)
 
 
 def test_the_final_teacher_scoring_skips_what_no_row_changed():
@@ -645,12 +438,3 @@ def test_the_final_teacher_scoring_skips_what_no_row_changed():
     mask = reused.rollout.response_mask
     torch.testing.assert_close(reused.teacher_logits[mask], full.teacher_logits[mask], rtol=1e-5, atol=1e-5)
     assert torch.equal(full.teacher_logits, response_logits(teacher, full.rollout))
-
-
-def test_a_cache_that_cannot_be_realigned_falls_back_to_re_encoding():
-    from transformers import DynamicCache
-    from transformers.cache_utils import DynamicSlidingWindowLayer
-
-    sliding = DynamicCache()
-    sliding.layers = [DynamicSlidingWindowLayer(sliding_window=4)]
-    assert realigned_cache(sliding, torch.arange(1), torch.zeros(1, 2, dtype=torch.long)) is None
