@@ -106,7 +106,7 @@ def unended_message(share: float, step: int, max_new_tokens: int) -> str | None:
     return (f"{share:.0%} of the validation samples at step {step} did not end within {max_new_tokens} new tokens "
             f"(no EOS), so their ROUGE-L is of cut answers: either the answers are longer than {max_new_tokens} "
             f"tokens (raise model.init_args.sampling.max_new_tokens, within the model's positions minus the prompt), "
-            f"or the student has not learnt to stop ({START_ADVICE}, or train longer)")
+            f"or the student has not learnt to stop: train longer, or {START_ADVICE}")
 
 
 class GenerationMetrics(L.Callback):

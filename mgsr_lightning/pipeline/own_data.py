@@ -7,15 +7,20 @@ fills one folder (the *root*, which ``configs/tiny`` reads through ``MGSR_TINY_D
   given files are only read);
 - ``tokenizer/``: a byte-level BPE trained on the training rows (or a copy of ``--tokenizer``);
 - ``teacher/``: the teacher of ``configs/<pair>/teacher.yaml`` trained by SFT on the training rows;
+- ``init/``: the SFT-initialised student every method starts from (``configs/<pair>/init.yaml``, or
+  ``sft.yaml`` where the pair has no init stage), as DistiLLM, MiniLLM and ABKD distil, and
+  ``init_student.yaml``, the config that points a ``fit`` at it
+  (``fit --config configs/<pair>/<method>.yaml --config <root>/init_student.yaml``);
 
 and says what it did: rows per split and how many fit the config's length limits, the tokenizer's
-vocabulary, the teacher's steps and validation ROUGE-L. Each step records the fingerprint of its
+vocabulary, the teacher's and the initial student's steps and validation ROUGE-L. Each step records the fingerprint of its
 inputs in ``prepared.json`` (:mod:`mgsr_lightning.pipeline.manifest`) and is reused only when they
 match; a file or folder in the root that the command did not write is never replaced.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -29,7 +34,7 @@ from mgsr_lightning.data.templates import PromptTemplate, render_prompt
 from mgsr_lightning.errors import ConfigError, MissingFileError
 from mgsr_lightning.pipeline.checks import _config_texts
 from mgsr_lightning.pipeline.manifest import Manifest, file_sha256, fingerprint, folder_sha256
-from mgsr_lightning.pipeline.paths import ROOT_ENVS, composed_config, config_path, configured_root, environment
+from mgsr_lightning.pipeline.paths import CONFIGS, ROOT_ENVS, composed_config, config_path, configured_root, environment
 from mgsr_lightning.validation import at_least, writable_folder
 
 log = logging.getLogger(__name__)
@@ -150,17 +155,42 @@ def _fits(records: list[dict[str, Any]], tokenizer, data_config: dict[str, Any],
     return len(examples)
 
 
+def _step_overrides(config: dict[str, Any], steps: int | None) -> list[str]:
+    if steps is None:
+        return []
+    interval = config["trainer"].get("val_check_interval") or steps
+    return [f"--trainer.max_steps={steps}", f"--trainer.val_check_interval={min(int(interval), steps)}"]
+
+
 def _train_teacher(pair: str, root: Path, steps: int | None, teacher_config: dict[str, Any]) -> dict[str, Any]:
     """SFT of ``configs/<pair>/teacher.yaml`` on the root's data; returns what was trained."""
+    return _sft(pair, "teacher", root, _step_overrides(teacher_config, steps))
+
+
+INIT_STUDENT_CONFIG = "init_student.yaml"
+
+
+def init_config_name(pair: str) -> str:
+    """The config of the pair's SFT-initialised student: ``init.yaml`` where the pair has one, else ``sft.yaml``."""
+    return "init" if (CONFIGS / pair / "init.yaml").is_file() else "sft"
+
+
+def _train_init_student(pair: str, root: Path, steps: int | None) -> dict[str, Any]:
+    """SFT of the pair's student (:func:`init_config_name`) into ``root/init``, logged under ``root/runs/init``."""
+    name = init_config_name(pair)
+    overrides = [*_step_overrides(composed_config(pair, name), steps), f"--trainer.default_root_dir={root / 'runs' / 'init'}",
+                 f"--trainer.logger.init_args.save_dir={root / 'runs'}", "--trainer.logger.init_args.name=init",
+                 f"--model.init_args.export_dir={root / 'init'}"]
+    return _sft(pair, name, root, overrides)
+
+
+def _sft(pair: str, name: str, root: Path, overrides: list[str]) -> dict[str, Any]:
+    """``fit --config configs/<pair>/<name>.yaml`` on the root's data; returns what was trained."""
     from mgsr_lightning.cli import run_cli
 
-    overrides = []
-    if steps is not None:
-        interval = teacher_config["trainer"].get("val_check_interval") or steps
-        overrides = [f"--trainer.max_steps={steps}", f"--trainer.val_check_interval={min(int(interval), steps)}"]
     started = time.perf_counter()
     with environment(**{ROOT_ENVS[pair]: str(root)}):
-        cli = run_cli(["fit", "--config", str(config_path(pair, "teacher")), *overrides])
+        cli = run_cli(["fit", "--config", str(config_path(pair, name)), *overrides])
     score = cli.trainer.checkpoint_callback.best_model_score if cli.trainer.checkpoint_callback else None
     return {
         "steps": int(cli.trainer.global_step),
@@ -179,14 +209,17 @@ def prepare(
     tokenizer: str | None = None,
     vocab_size: int | None = None,
     teacher_steps: int | None = None,
+    init_steps: int | None = None,
     pair: str = "tiny",
 ) -> Path:
-    """Prepare your own instruction data for distillation: copy and check it, train a tokenizer and the teacher.
+    """Prepare your own instruction data for distillation: copy and check it, train a tokenizer, the teacher
+    and the SFT-initialised student every method starts from.
 
     Fills the folder the pair's configs read (``MGSR_TINY_DIR`` for ``tiny``), so that
-    ``fit --config configs/tiny/<method>.yaml`` then distils a student on your data. Your files are
-    only read. Running it again reuses each step whose inputs (data, vocabulary, teacher config and
-    steps) are unchanged, and redoes the others.
+    ``fit --config configs/tiny/<method>.yaml --config $MGSR_TINY_DIR/init_student.yaml`` then distils
+    the initial student on your data (every method, SFT included, continues from it for the config's
+    steps, so all get the same total). Your files are only read. Running it again reuses each step
+    whose inputs (data, vocabulary, configs and steps) are unchanged, and redoes the others.
 
     Args:
         data: Folder with ``train.jsonl``, ``validation.jsonl`` (or ``valid.jsonl``/``val.jsonl``) and
@@ -199,12 +232,15 @@ def prepare(
         tokenizer: A tokenizer folder to use instead of training one (copied into the folder).
         vocab_size: Vocabulary of the trained byte-level BPE (default 1024 for tiny, 2048 for reason and facts).
         teacher_steps: SFT steps of the teacher (default: ``configs/<pair>/teacher.yaml``'s).
+        init_steps: SFT steps of the initial student (default: those of ``configs/<pair>/init.yaml``, or of
+            ``sft.yaml`` where the pair has no init stage).
         pair: ``tiny`` (4-layer teacher, 2-layer student, short answers), ``reason`` or ``facts`` (longer answers).
     """
     if pair not in ROOT_ENVS:
         raise ConfigError(f"pair: prepare fills the folder of an embedded pair's configs; pairs: {', '.join(ROOT_ENVS)}")
     at_least("vocab_size", vocab_size, 258)
     at_least("teacher_steps", teacher_steps, 1)
+    at_least("init_steps", init_steps, 1)
     if tokenizer is not None and vocab_size is not None:
         raise ConfigError("give --tokenizer (a tokenizer to use) or --vocab_size (of the one to train), not both")
     if tokenizer is not None and not any((Path(tokenizer) / name).is_file() for name in TOKENIZER_FILES):
@@ -224,6 +260,7 @@ def prepare(
         root, manifest, records["train"], data_hashes["train"], tokenizer, vocab_size or DEFAULT_VOCAB[pair],
         base["data"].get("template", "alpaca"), base["model"]["init_args"]["student"]["config"]["n_positions"])
     teacher_summary, teacher_note = _teacher_step(root, manifest, pair, tokenizer_fingerprint, data_hashes, teacher_steps)
+    init_summary, init_note = _init_step(root, manifest, pair, tokenizer_fingerprint, data_hashes, init_steps)
 
     from mgsr_lightning.tokenizer import load_tokenizer
 
@@ -232,7 +269,7 @@ def prepare(
     fits = {split: _fits(records[split], loaded, data_config, data_config["max_length"] if split != "test" else None,
                          split) for split in SPLITS}
     _print_summary(pair, root, files, records, fits, data_config, tokenizer_summary, tokenizer_note, teacher_summary,
-                   teacher_note)
+                   teacher_note, init_summary, init_note)
     return root
 
 
@@ -302,8 +339,37 @@ def _teacher_step(root: Path, manifest: Manifest, pair: str, tokenizer_fingerpri
     return summary, f"trained in {summary['seconds']:.0f} s"
 
 
+def _init_step(root: Path, manifest: Manifest, pair: str, tokenizer_fingerprint: str, data_hashes: dict[str, str],
+               steps: int | None):
+    """``root/init``: the SFT-initialised student, and ``root/init_student.yaml`` pointing a fit at it; reused for the
+    same data, tokenizer, config and steps. Returns (summary, note)."""
+    init_dir, pointer = root / "init", root / INIT_STUDENT_CONFIG
+    name = init_config_name(pair)
+    step_fingerprint = fingerprint({"tokenizer": tokenizer_fingerprint, "train": data_hashes["train"],
+                                    "validation": data_hashes["validation"], "steps": steps,
+                                    "config": _config_texts(config_path(pair, name))})
+    manifest.check_overwritable(pointer, command="prepare", advice=ADVICE)
+    if manifest.step_matches("init", step_fingerprint, init_dir / "config.json") and pointer.is_file():
+        return manifest.steps["init"]["summary"], "reused: same data, tokenizer, config and steps"
+    manifest.check_step_output("init", init_dir, ADVICE)
+    if init_dir.exists():
+        shutil.rmtree(init_dir)
+    log.info("training the initial student (SFT, configs/%s/%s.yaml) on %s", pair, name, root / "data" / "train.jsonl")
+    summary = {**_train_init_student(pair, root, steps), "config": f"configs/{pair}/{name}.yaml"}
+    atomic.write_text(pointer, (
+        f"# Written by `prepare`: start the student from the SFT-initialised one in {init_dir}\n"
+        f"# ({summary['steps']} steps of {summary['config']} on {root / 'data' / 'train.jsonl'}), as DistiLLM, MiniLLM\n"
+        f"# and ABKD distil. Give it after the method's config:\n"
+        f"#   python -m mgsr_lightning fit --config configs/{pair}/<method>.yaml --config {pointer}\n"
+        f"model:\n  init_args:\n    student: {{name_or_path: {json.dumps(str(init_dir))}, config: null}}\n"))
+    manifest.record_files(pointer)
+    manifest.record_step("init", step_fingerprint, summary)
+    manifest.save()
+    return summary, f"trained in {summary['seconds']:.0f} s"
+
+
 def _print_summary(pair, root, files, records, fits, data_config, tokenizer_summary, tokenizer_note, teacher_summary,
-                   teacher_note) -> None:
+                   teacher_note, init_summary, init_note) -> None:
     limits = (f"prompts <= {data_config['max_prompt_length']} tokens, prompt + response <= {data_config['max_length']} "
               f"(configs/{pair}/base.yaml)")
     lines = [f"prepared {root} for distillation on your data ({pair} pair):", "  data (your files are only read):"]
@@ -318,6 +384,11 @@ def _print_summary(pair, root, files, records, fits, data_config, tokenizer_summ
     rouge = teacher_summary.get("best_val_rougeL")
     lines.append(f"  teacher: {teacher_summary['parameters'] / 1e6:.2f} M parameters, {teacher_summary['steps']} SFT steps"
                  f"{'' if rouge is None else f', best validation ROUGE-L {rouge:.2f}'} ({teacher_note})")
+    rouge = init_summary.get("best_val_rougeL")
+    lines.append(f"  initial student: {init_summary['parameters'] / 1e6:.2f} M parameters, {init_summary['steps']} SFT steps "
+                 f"of {init_summary['config']}{'' if rouge is None else f', best validation ROUGE-L {rouge:.2f}'} "
+                 f"({init_note}); every method starts from it with --config {root / INIT_STUDENT_CONFIG}")
     lines += ["next:", f"  export {ROOT_ENVS[pair]}={root}",
-              f"  python -m mgsr_lightning fit --config configs/{pair}/mgsr.yaml   # and configs/{pair}/sft.yaml, ..."]
+              f"  python -m mgsr_lightning fit --config configs/{pair}/mgsr.yaml --config {root / INIT_STUDENT_CONFIG}"
+              f"   # and configs/{pair}/sft.yaml, ..."]
     print("\n".join(lines), flush=True)

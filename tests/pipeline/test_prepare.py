@@ -11,6 +11,8 @@ import re
 import shutil
 
 import pytest
+import torch
+import yaml
 from user_data import write_user_data
 
 from mgsr_lightning.errors import ConfigError, MissingFileError
@@ -20,8 +22,9 @@ from mgsr_lightning.pipeline.manifest import file_sha256
 
 @pytest.fixture
 def teacher_runs(monkeypatch):
-    """Replace the teacher's SFT by a stub that writes a model folder's marker; returns its calls."""
-    calls = []
+    """Replace the teacher's and the initial student's SFT by stubs that write a model folder's marker; returns
+    their calls."""
+    calls = Calls()
 
     def fake_train_teacher(pair, root, steps, teacher_config):
         calls.append(steps)
@@ -29,8 +32,23 @@ def teacher_runs(monkeypatch):
         (root / "teacher" / "config.json").write_text("{}")
         return {"steps": steps or 600, "parameters": 1000, "best_val_rougeL": 12.5, "seconds": 0.0}
 
+    def fake_train_init_student(pair, root, steps):
+        calls.init.append(steps)
+        (root / "init").mkdir(parents=True, exist_ok=True)
+        (root / "init" / "config.json").write_text("{}")
+        return {"steps": steps or 400, "parameters": 500, "best_val_rougeL": 8.5, "seconds": 0.0}
+
     monkeypatch.setattr(own_data, "_train_teacher", fake_train_teacher)
+    monkeypatch.setattr(own_data, "_train_init_student", fake_train_init_student)
     return calls
+
+
+class Calls(list):
+    """The teacher's steps per training call; ``init``: the initial student's."""
+
+    def __init__(self):
+        super().__init__()
+        self.init: list[int | None] = []
 
 
 def hashes(paths):
@@ -49,8 +67,14 @@ def test_prepare_copies_trains_and_says_what_it_trained_on(user_data, tmp_path, 
     assert "tokenizer: vocabulary 300, byte-level BPE trained on the 48 training rows (new)" in printed
     assert "teacher: 0.00 M parameters, 3 SFT steps, best validation ROUGE-L 12.50" in printed
     assert f"export MGSR_TINY_DIR={root}" in printed
+    assert teacher_runs.init == [None]  # configs/tiny/sft.yaml's own steps
+    assert ("initial student: 0.00 M parameters, 400 SFT steps of configs/tiny/sft.yaml, best validation ROUGE-L 8.50 "
+            f"(trained in 0 s); every method starts from it with --config {root / 'init_student.yaml'}") in printed
+    assert f"fit --config configs/tiny/mgsr.yaml --config {root / 'init_student.yaml'}" in printed
+    assert yaml.safe_load((root / "init_student.yaml").read_text()) == {
+        "model": {"init_args": {"student": {"name_or_path": str(root / "init"), "config": None}}}}
     manifest = json.loads((root / "prepared.json").read_text())
-    assert set(manifest["steps"]) == {"tokenizer", "teacher"} and len(manifest["files"]) == 3
+    assert set(manifest["steps"]) == {"tokenizer", "teacher", "init"} and len(manifest["files"]) == 4
 
 
 def test_prepare_reuses_a_step_only_when_its_inputs_match(user_data, tmp_path, teacher_runs, capsys):
@@ -61,12 +85,15 @@ def test_prepare_reuses_a_step_only_when_its_inputs_match(user_data, tmp_path, t
     own_data.prepare(**args)
     printed = capsys.readouterr().out
     assert teacher_runs == [3] and "(reused: same inputs)" in printed and "(reused: same data, tokenizer" in printed
+    assert teacher_runs.init == [None]
     own_data.prepare(**{**args, "teacher_steps": 4})  # the teacher's input changed, the tokenizer's did not
-    assert teacher_runs == [3, 4]
+    assert teacher_runs == [3, 4] and teacher_runs.init == [None]
+    own_data.prepare(**{**args, "teacher_steps": 4, "init_steps": 7})  # the initial student's steps changed
+    assert teacher_runs == [3, 4] and teacher_runs.init == [None, 7]
     assert (root / "tokenizer" / "tokenizer.json").stat().st_mtime_ns == tokenizer_time
     write_user_data(tmp_path / "my_data", {"train": 40, "validation": 8, "test": 8}, seed=1)  # new data
     own_data.prepare(**{**args, "teacher_steps": 4})
-    assert teacher_runs == [3, 4, 4]
+    assert teacher_runs == [3, 4, 4] and teacher_runs.init == [None, 7, None]
     assert "trained on the 40 training rows (new)" in capsys.readouterr().out
     assert file_sha256(root / "data" / "train.jsonl") == file_sha256(tmp_path / "my_data" / "train.jsonl")
 
@@ -186,3 +213,31 @@ def test_prepare_tiny_fills_the_folder_the_configs_read(tmp_path, tiny_teacher_r
     assert (tmp_path / "mine" / "data" / "test.jsonl").is_file() and (tmp_path / "mine" / "tokenizer").is_dir()
     assert not (tmp_path / "artifacts").exists() and tiny_teacher_runs == ["teacher"]
     assert tiny.prepare_tiny(out=str(tmp_path / "other"), **SMALL_TINY) == tmp_path / "other"  # --out wins
+
+
+@pytest.mark.parametrize("how", ["init_student.yaml", "the warning's override"])
+def test_the_initial_student_and_the_advised_override_load_the_sft_student_s_weights(
+        user_data, tmp_path, teacher_runs, tiny_assets, how):
+    """``fit --config configs/tiny/<method>.yaml --config <root>/init_student.yaml``, and the override the
+    warnings give, build the student from the SFT student's weights, not from the tiny configs' random init."""
+    from tiny_models import cli_overrides
+    from transformers import AutoModelForCausalLM
+
+    from mgsr_lightning.cli import run_cli
+    from mgsr_lightning.pipeline.paths import CONFIGS
+
+    root = own_data.prepare(data=str(tmp_path / "my_data"), out=str(tmp_path / "root"), vocab_size=300)
+    shutil.rmtree(root / "init")
+    shutil.copytree(tiny_assets["models"]["gpt2"]["student"], root / "init")  # a trained student in its place
+    if how == "init_student.yaml":
+        student = ["--config", str(root / "init_student.yaml")]
+    else:
+        student = [f'--model.init_args.student={{"name_or_path": "{root / "init"}", "config": null}}']
+    overrides = [arg for arg in cli_overrides(tiny_assets, "gpt2", tmp_path / "run")
+                 if not arg.startswith("--model.init_args.student=")]
+    cli = run_cli(["--config", str(CONFIGS / "tiny" / "abkd.yaml"), *student, *overrides], run=False)
+    cli.model.configure_model()
+    expected = AutoModelForCausalLM.from_pretrained(root / "init").state_dict()
+    loaded = cli.model.student.state_dict()
+    assert loaded.keys() == expected.keys()
+    assert all(torch.equal(loaded[key], expected[key]) for key in expected)

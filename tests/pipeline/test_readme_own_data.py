@@ -13,6 +13,7 @@ import shlex
 from pathlib import Path
 
 import pytest
+import yaml
 from user_data import write_user_data
 
 from mgsr_lightning.__main__ import main
@@ -20,7 +21,7 @@ from mgsr_lightning.pipeline.manifest import file_sha256
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = {
-    "prepare": ["--vocab_size", "300", "--teacher_steps", "2"],
+    "prepare": ["--vocab_size", "300", "--teacher_steps", "2", "--init_steps", "2"],
     "fit": ["--trainer.max_steps=2", "--trainer.val_check_interval=2", "--data.batch_size=8",
             "--model.init_args.validation.rouge_examples=8", "--trainer.enable_progress_bar=false"],
     "evaluate": ["--seeds", "[10, 20]"],
@@ -64,9 +65,14 @@ def test_readme_distil_on_your_own_data_runs_as_written(tmp_path, monkeypatch, c
     assert root == tmp_path / "my-distillation"
     assert {split: file_sha256(path) for split, path in data.items()} == before  # only read
     assert sorted(p.name for p in tmp_path.iterdir()) == ["my-distillation", "my_data"]  # nothing in the working folder
-    assert sorted(p.name for p in (root / "runs").iterdir()) == ["mgsr", "sft", "teacher"]
+    assert sorted(p.name for p in (root / "runs").iterdir()) == ["init", "mgsr", "sft", "teacher"]
     assert re.search(r"train +48 rows", printed) and "tokenizer: vocabulary 300" in printed
     assert "teacher: 3.27 M parameters, 2 SFT steps" in printed
+    assert "initial student: 0.45 M parameters, 2 SFT steps of configs/tiny/sft.yaml" in printed
+    for method in ("sft", "mgsr"):  # every method starts from the SFT-initialised student prepare made
+        saved = yaml.safe_load(next((root / "runs" / method).glob("version_*/config.yaml")).read_text())
+        assert saved["model"]["init_args"]["student"]["name_or_path"] == str(root / "init")
+        assert saved["model"]["init_args"]["student"]["config"] is None
 
     for name in ("teacher", "sft", "mgsr"):
         config = json.loads((root / "eval" / name / "metrics.json").read_text())["config"]
