@@ -62,7 +62,8 @@ def _pipeline_commands():
 def _run_pipeline(command: str, args: list[str]) -> None:
     function = _pipeline_commands()[command]
     try:
-        CLI(function, args=args, as_positional=False, exit_on_error=False, prog=f"python -m mgsr_lightning {command}")
+        CLI(function, args=args, as_positional=False, exit_on_error=False, allow_abbrev=False,
+            prog=f"python -m mgsr_lightning {command}")
     except ArgumentError as error:
         options = sorted(inspect.signature(function).parameters)
         raise ConfigError(condense_parser_error(str(error), lambda prefix: [] if prefix else options)) from None
@@ -76,6 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     if from_command_line:
         # force: importing rouge-score (absl) installs a WARNING-level root handler first, hiding INFO lines
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", force=True)
+        logging.getLogger("absl").setLevel(logging.WARNING)  # rouge-score's "Using default tokenizer." on import
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return

@@ -13,7 +13,7 @@ import os
 import re
 import sys
 from collections.abc import Callable
-from typing import NoReturn
+from typing import Any, NoReturn
 
 DEBUG_FLAG = "--debug"
 DEBUG_ENV = "MGSR_DEBUG"
@@ -89,6 +89,29 @@ def _class_options(class_path: str) -> tuple[list[str], bool]:
         return [f.name for f in dataclasses.fields(target)], True
     parameters = inspect.signature(target.__init__).parameters.values()
     return [p.name for p in parameters if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)], False
+
+
+def _group_options(class_path: str, group: str) -> tuple[list[str], str]:
+    """Field names of the dataclass that option ``group`` (dotted, e.g. ``optimizer`` or ``distill.params``) of a
+    class takes, and its name; ([], "") when it is not a dataclass."""
+    import dataclasses
+    import importlib
+    import typing
+
+    module_name, _, name = class_path.rpartition(".")
+    try:
+        target: Any = getattr(importlib.import_module(module_name), name)
+        hints = typing.get_type_hints(target.__init__)
+    except Exception:  # noqa: BLE001 - a class we cannot inspect gives no options
+        return [], ""
+    for part in group.split("."):
+        hint = hints.get(part)
+        candidates = [hint, *typing.get_args(hint)]
+        target = next((c for c in candidates if isinstance(c, type) and dataclasses.is_dataclass(c)), None)
+        if target is None:
+            return [], ""
+        hints = typing.get_type_hints(target)
+    return [f.name for f in dataclasses.fields(target)], target.__name__
 
 
 def _options_line(key: str, options: list[str], what: str) -> str:
@@ -173,6 +196,13 @@ def condense_parser_error(message: str, options_under: Callable[[str], list[str]
             if not is_dataclass:
                 path.append("init_args")
             continue
+        group_option = re.search(r"Group '([^']+)' does not accept option '([^']+)'", line)
+        if group_option and last_class is not None:  # a misspelt key inside a dataclass option (from a config file)
+            key = ".".join(path + [group_option.group(1), group_option.group(2)])
+            options, what = _group_options(last_class, group_option.group(1))
+            if options:
+                return _options_line(key, options, what)
+            return f"unknown option {key!r}"
         not_accepted = re.search(r"Option '([^']+)' is not accepted|Key '([^']+)' is not expected", line)
         if not_accepted:
             name = not_accepted.group(1) or not_accepted.group(2)

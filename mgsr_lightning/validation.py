@@ -8,6 +8,7 @@ individual checks on their arguments.
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from collections.abc import Mapping
@@ -52,13 +53,40 @@ def looks_like_path(name: str) -> bool:
     return name.startswith(("/", "./", "../", "~")) or name.count("/") >= 2 or os.sep != "/" and os.sep in name
 
 
+def describe_missing(path: str | Path) -> str:
+    """Why ``path`` cannot be opened, for an error message: ``not found: <path>``, or the real cause when it
+    is something else (a symbolic link loop, a link to nothing, a file where a folder should be, or the
+    other kind of entry than the one wanted when ``path`` exists)."""
+    path = Path(path).expanduser()
+    try:
+        os.stat(path)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            return f"{path} is (or goes through) a symbolic link loop: a link that leads back to itself"
+        if error.errno == errno.ENOTDIR:
+            file = next((parent for parent in path.parents if parent.is_file()), None)
+            if file is not None:
+                from mgsr_lightning.pipeline.paths import ROOT_ENVS
+
+                env = [name for name in sorted(set(ROOT_ENVS.values())) if os.environ.get(name)
+                       and Path(os.environ[name]).expanduser().absolute() == file.absolute()]
+                hint = (f" ({env[0]}={os.environ[env[0]]} names that file; point {env[0]} at the folder that `prepare` "
+                        "or `prepare-tiny` filled)") if env else ""
+                return f"{path} cannot exist: {file} is a file, not a folder{hint}"
+        if error.errno == errno.ENOENT and os.path.lexists(path):
+            return f"{path} is a symbolic link to {os.readlink(path)}, which does not exist"
+        return f"not found: {path}"
+    return f"{path} is a folder, not a file" if path.is_dir() else f"{path} is a file, not a folder"
+
+
 def existing_input(name: str, value: str | None, what: str) -> None:
     """A path that must exist (hub ids and dataset names pass unchecked)."""
     if value is None or Path(value).expanduser().exists():
         return
-    if not looks_like_path(value) and Path(value).suffix not in (".jsonl", ".json"):
+    if (not looks_like_path(value) and Path(value).suffix not in (".jsonl", ".json")
+            and not os.path.lexists(Path(value).expanduser())):
         return  # a hub id or dataset name
-    raise MissingFileError(f"{name}: {what} not found: {value}")
+    raise MissingFileError(f"{name}: {what} {describe_missing(value)}")
 
 
 def writable_folder(name: str, folder: str | Path | None) -> None:
@@ -83,8 +111,13 @@ def check_checkpoint(path: str | Path, name: str = "ckpt_path") -> dict[str, Any
     import torch
 
     path = Path(path).expanduser()
+    if path.is_dir():
+        found = [ckpt for depth in range(4) for ckpt in path.glob("*/" * depth + "*.ckpt") if ckpt.is_file()]
+        found.sort(key=lambda ckpt: (ckpt.name != "last.ckpt", -ckpt.stat().st_mtime))
+        example = f"e.g. {found[0]}" if found else "there is none in it"
+        raise CheckpointError(f"{name}: {path} is a folder; give one checkpoint file written by `fit` ({example})")
     if not path.is_file():
-        raise CheckpointError(f"{name}: checkpoint not found: {path}")
+        raise CheckpointError(f"{name}: checkpoint {describe_missing(path)}")
     try:
         try:
             checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
@@ -130,8 +163,9 @@ def model_positions(name_or_path: str | None, config: Mapping[str, Any] | None =
 def check_positions(role: str, source: Any, needed: int, why: str) -> None:
     """``needed`` tokens fit in the position table of the model ``source`` describes."""
     name_or_path, config = _get(source, "name_or_path"), _get(source, "config")
-    if name_or_path is not None and looks_like_path(name_or_path) and not Path(name_or_path).expanduser().exists():
-        raise MissingFileError(f"{role}: model folder not found: {name_or_path}")
+    if (name_or_path is not None and not Path(name_or_path).expanduser().exists()
+            and (looks_like_path(name_or_path) or os.path.lexists(Path(name_or_path).expanduser()))):
+        raise MissingFileError(f"{role}: model folder {describe_missing(name_or_path)}")
     positions = model_positions(name_or_path, config)
     if positions is not None and needed > positions:
         raise ConfigError(

@@ -78,6 +78,8 @@ FIT_CASES = {
                               "DistillLoss: name, weight, temperature"),
     "unknown_name": (["--model.init_args.distill.name=kl"], "model.init_args.distill.name: expected one of 'forward_kl'"),
     "bad_type": (["--trainer.max_steps=many"], "trainer.max_steps: expected int, got 'many'"),
+    # not read as max_steps, as it would not be in a config file
+    "abbreviated_key": (["--trainer.max_step=3"], "unknown option 'trainer.max_step'; did you mean 'max_steps'?"),
 }
 
 
@@ -116,6 +118,28 @@ def test_other_lightning_commands_check_first_too(command, extra, expected, tiny
     assert not (tmp_path / "run").exists()
 
 
+def test_a_path_of_the_wrong_kind_is_named_for_what_it_is(tiny_assets, tmp_path, capsys, monkeypatch):
+    loop = tmp_path / "loop.jsonl"
+    loop.symlink_to(loop)
+    line = error_line(fit_args(tiny_assets, tmp_path / "run", f"--data.train_data={loop}"), capsys)
+    assert f"data.train_data: data file {loop} is (or goes through) a symbolic link loop" in line
+    run = tmp_path / "old_run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "last.ckpt").write_bytes(b"")
+    expected = f"{run} is a folder; give one checkpoint file written by `fit` (e.g. {run / 'checkpoints' / 'last.ckpt'})"
+    assert f"ckpt_path: {expected}" in error_line(fit_args(tiny_assets, tmp_path / "run", f"--ckpt_path={run}"), capsys)
+    line = error_line(["export", "--checkpoint", str(run), "--out", str(tmp_path / "exported")], capsys)
+    assert f"checkpoint: {expected}" in line
+    assert not (tmp_path / "run").exists() and not (tmp_path / "exported").exists()
+    not_a_folder = tmp_path / "tiny_root.txt"
+    not_a_folder.write_text("")
+    monkeypatch.setenv("MGSR_TINY_DIR", str(not_a_folder))
+    line = error_line(["fit", "--config", KD_CONFIG], capsys)
+    assert (f"data.tokenizer: tokenizer folder {not_a_folder}/tokenizer cannot exist: {not_a_folder} is a file, not a "
+            f"folder (MGSR_TINY_DIR={not_a_folder} names that file") in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["loop.jsonl", "old_run", "tiny_root.txt"]
+
+
 def test_command_line_mistakes(capsys):
     assert ("commands: fit, validate, test, predict, prepare, prepare-tiny, prepare-smollm2, train-tokenizer, demo, evaluate, "
             "table, export, reproduce") in error_line(["fitt"], capsys)
@@ -123,6 +147,7 @@ def test_command_line_mistakes(capsys):
     assert "config file not found: " in error_line(["fit", "--config", "nope.yaml"], capsys)
     assert "missing required options: --checkpoint, --out" in error_line(["export"], capsys)
     assert "unknown option 'checkpointt'; did you mean 'checkpoint'?" in error_line(["export", "--checkpointt", "x"], capsys)
+    assert "unknown option 'seed'; did you mean 'seeds'?" in error_line(["evaluate", "--model", "m", "--seed", "[1]"], capsys)
     main(["--help"])
     assert "usage: python -m mgsr_lightning <command>" in capsys.readouterr().out
 
@@ -131,6 +156,11 @@ def test_unknown_top_level_key_in_a_config_file(tmp_path, capsys):
     config = tmp_path / "typo.yaml"
     config.write_text(f"_base_: {KD_CONFIG}\ntrainr: {{max_steps: 3}}\n")
     assert "unknown option 'trainr'; did you mean 'trainer'?" in error_line(["fit", "--config", str(config)], capsys)
+    config.write_text(f"_base_: {KD_CONFIG}\nmodel:\n  init_args:\n    optimizer: {{warmup_step: 5}}\n")
+    line = error_line(["fit", "--config", str(config)], capsys)
+    assert ("unknown option 'model.init_args.optimizer.warmup_step'; did you mean 'warmup_steps'? valid options of "
+            "OptimizerConfig: lr, weight_decay, betas, warmup_steps, schedule") in line
+    assert len(line) < 300, line  # the key and its options, not the whole model config
     config.write_text("trainer: {max_steps: [\n")
     line = error_line(["fit", "--config", str(config)], capsys)
     assert f"{config} is not valid YAML (line 2, column 1): expected the node content" in line
@@ -155,6 +185,8 @@ ROW_CASES = {
     "empty_output": ('{"instruction": "a", "output": "  "}\n', "train.jsonl:2: 'output' is empty"),
     "not_utf8": (b'{"instruction": "caf\xe9", "output": "3"}\n', "train.jsonl:2: not UTF-8 text (byte 0xe9 at column 21)"),
     "empty_file": (None, "train.jsonl: the data file is empty"),
+    "bom_then_bad_row": (b'\xef\xbb\xbf' + GOOD_ROW.encode() + b'{"instruction": "a", "output": ""}\n',
+                         "train.jsonl:2: 'output' is empty"),  # the byte order mark is read past, not refused
 }
 
 
@@ -164,11 +196,21 @@ def test_bad_rows_are_named_by_file_and_line(case, tiny_assets, tmp_path, capsys
     data = tmp_path / "train.jsonl"
     if row is None:
         data.write_text("\n")
+    elif case == "bom_then_bad_row":
+        data.write_bytes(row)
     else:
         data.write_bytes(GOOD_ROW.encode() + (row if isinstance(row, bytes) else row.encode()))
     line = error_line(fit_args(tiny_assets, tmp_path / "run", f"--data.train_data={data}"), capsys, only_line=False)
     assert expected in line
     assert files_under(tmp_path / "run") == []
+
+
+def test_a_file_saved_with_a_byte_order_mark_is_read(tmp_path):
+    from mgsr_lightning.data.records import read_jsonl
+
+    data = tmp_path / "excel.jsonl"
+    data.write_bytes(b"\xef\xbb\xbf" + GOOD_ROW.encode() + GOOD_ROW.encode())  # as Notepad and Excel save UTF-8
+    assert read_jsonl(data) == [{"instruction": "Add 1 and 2.", "input": "", "output": "3"}] * 2
 
 
 # ---- evaluate, export, reproduce, demo, prepare-tiny -------------------------------------------
@@ -180,27 +222,59 @@ def _read_only(monkeypatch):
     monkeypatch.setattr("tempfile.mkstemp", refuse)
 
 
-@pytest.mark.parametrize("case", ["missing_model", "not_a_model", "positions", "missing_set", "batch_size", "read_only"])
+def model_folder(tiny_assets, folder: Path, tokenizer: bool = True) -> Path:
+    """A copy of the tiny student, with its tokenizer saved beside it (as `fit` and `export` write it) or not."""
+    shutil.copytree(tiny_assets["models"]["gpt2"]["student"], folder)
+    if tokenizer:
+        shutil.copytree(tiny_assets["tokenizer"], folder, dirs_exist_ok=True)
+    return folder
+
+
+EVALUATE_CASES = {
+    "missing_model": "model not found: {tmp}/runs/mgsr/hf",
+    "not_a_model": "has no config.json: not a folder written by `save_pretrained`",
+    "no_tokenizer": "model folder {tmp}/bare has no tokenizer (tokenizer.json, tokenizer_config.json, tokenizer.model, "
+                    "vocab.json); evaluate reads the tokenizer saved with the model",
+    "checkpoint": "model: {tmp}/last.ckpt is a training checkpoint, not a model folder; turn it into one first: "
+                  "python -m mgsr_lightning export --checkpoint {tmp}/last.ckpt --out <folder>",
+    "link_loop": "model {tmp}/loop is (or goes through) a symbolic link loop",
+    "positions": "the model has 128 positions but max_prompt_length + max_new_tokens = 156 tokens",
+    "default_lengths": "max_prompt_length + max_new_tokens = 512 tokens; lower them to at most 128; max_prompt_length "
+                       "and max_new_tokens are MiniLLM's default, as neither the command line nor "
+                       "{tmp}/student/mgsr_training.json set them: pass --preset <pair>",
+    "empty_seeds": "seeds: give at least one sampling seed",
+    "missing_set": "evaluation set not found: '{tmp}/nope.jsonl'",
+    "batch_size": "batch_size must be >= 1, got 0",
+    "read_only": "out: cannot write in",
+}
+
+
+@pytest.mark.parametrize("case", EVALUATE_CASES)
 def test_evaluate_checks_before_loading(case, tiny_assets, tmp_path, capsys, monkeypatch):
-    student = str(tiny_assets["models"]["gpt2"]["student"])
+    student = str(model_folder(tiny_assets, tmp_path / "student"))
     test_set = str(tiny_assets["data"] / "test.jsonl")
     out = tmp_path / "eval"
     args = {"model": student, "sets": f"[{test_set}]", "out": str(out), "max_new_tokens": "8", "max_prompt_length": "56"}
-    expected = {
-        "missing_model": "model not found: {tmp}/runs/mgsr/hf",
-        "not_a_model": "has no config.json: not a folder written by `save_pretrained`",
-        "positions": "the model has 128 positions but max_prompt_length + max_new_tokens = 156 tokens",
-        "missing_set": "evaluation set not found: '{tmp}/nope.jsonl'",
-        "batch_size": "batch_size must be >= 1, got 0",
-        "read_only": "out: cannot write in",
-    }[case].format(tmp=tmp_path)
+    expected = EVALUATE_CASES[case].format(tmp=tmp_path)
     if case == "missing_model":
         args["model"] = str(tmp_path / "runs" / "mgsr" / "hf")
     elif case == "not_a_model":
         (tmp_path / "empty").mkdir()
         args["model"] = str(tmp_path / "empty")
+    elif case == "no_tokenizer":  # before: loaded, sampled, then a ValueError about prompts without real tokens
+        args["model"] = str(model_folder(tiny_assets, tmp_path / "bare", tokenizer=False))
+    elif case == "checkpoint":  # before: "model not found" for a file that exists
+        (tmp_path / "last.ckpt").write_bytes(b"PK")
+        args["model"] = str(tmp_path / "last.ckpt")
+    elif case == "link_loop":  # before: "model not found"
+        (tmp_path / "loop").symlink_to(tmp_path / "loop")
+        args["model"] = str(tmp_path / "loop")
     elif case == "positions":
         args["max_new_tokens"] = "100"
+    elif case == "default_lengths":  # no mgsr_training.json beside the model: MiniLLM's 256 + 256 tokens
+        del args["max_new_tokens"], args["max_prompt_length"]
+    elif case == "empty_seeds":  # before: seeds 10-50 were used without a word
+        args["seeds"] = "[]"
     elif case == "missing_set":
         args["sets"] = f"[{tmp_path / 'nope.jsonl'}]"
     elif case == "batch_size":
@@ -235,6 +309,7 @@ def test_export_and_resume_refuse_missing_corrupt_and_foreign_checkpoints(tmp_pa
     (["demo", "--method", "mgsr2"], "unknown method 'mgsr2' for pair 'tiny'"),
     (["prepare-tiny", "--train_size", "0"], "train_size must be >= 1, got 0"),
     (["prepare-tiny", "--vocab_size", "100"], "vocab_size must be >= 258, got 100"),
+    (["table", "--runs", "[]", "--out", "table"], "runs: give at least one `evaluate` output folder or metrics.json"),
 ])
 def test_pipeline_commands_check_names_and_values_before_any_work(args, expected, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)

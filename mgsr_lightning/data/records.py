@@ -11,7 +11,8 @@ Accepted row layouts:
 
 Every text field must be a JSON string (``null``, numbers and lists are rejected rather than turned
 into text such as ``"None"``), the reference must not be empty, and the file must be UTF-8 with at
-least one row; each error names the file and line.
+least one row; each error names the file and line. A UTF-8 byte order mark at the start of the
+file (as Notepad and Excel write it) is skipped.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 
 from mgsr_lightning.atomic import atomic_path
 from mgsr_lightning.errors import MissingFileError, UserError
+from mgsr_lightning.validation import describe_missing
 
 
 class DataFormatError(UserError, ValueError):
@@ -80,13 +82,13 @@ def read_jsonl(
     """Read a JSONL file of rows (blank lines skipped), each mapped by ``to_record(row, "file:line")``."""
     path = Path(path)
     if not path.is_file():
-        raise MissingFileError(f"{kind} file not found: {path}")
+        raise MissingFileError(f"{kind} file {describe_missing(path)}")
     records = []
     with path.open("rb") as handle:
         for line_number, raw in enumerate(handle, start=1):
             where = f"{path}:{line_number}"
             try:
-                line = raw.decode("utf-8")
+                line = raw.decode("utf-8-sig" if line_number == 1 else "utf-8")
             except UnicodeDecodeError as error:
                 raise DataFormatError(
                     f"{where}: not UTF-8 text (byte 0x{raw[error.start]:02x} at column {error.start + 1}); "

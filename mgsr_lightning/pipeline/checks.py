@@ -72,13 +72,27 @@ def check_pair_and_methods(pair: str, methods: list[str] | None) -> None:
 
 
 def check_model_folder(model: str) -> None:
-    """A local model folder exists and holds a model; a hub id is left to ``from_pretrained``."""
+    """A local model folder exists and holds a model and its tokenizer; a hub id is left to ``from_pretrained``."""
+    from mgsr_lightning.pipeline.own_data import TOKENIZER_FILES
+
     folder = Path(model).expanduser()
     if folder.is_dir():
         if not (folder / "config.json").is_file():
             raise MissingFileError(f"model folder {model} has no config.json: not a folder written by `save_pretrained`")
+        if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+            raise MissingFileError(
+                f"model folder {model} has no tokenizer ({', '.join(TOKENIZER_FILES)}); evaluate reads the tokenizer "
+                "saved with the model: save it there (`tokenizer.save_pretrained(folder)`), or evaluate a folder that "
+                "`fit` or `export` wrote")
         return
-    if folder.exists() or validation.looks_like_path(model) or os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0"):
+    if folder.is_file():
+        if folder.suffix == ".ckpt":
+            raise ConfigError(f"model: {model} is a training checkpoint, not a model folder; turn it into one first: "
+                              f"python -m mgsr_lightning export --checkpoint {model} --out <folder>")
+        raise ConfigError(f"model: {model} is a file; give a model folder written by `save_pretrained` (or a hub id)")
+    if os.path.lexists(folder):
+        raise MissingFileError(f"model {validation.describe_missing(folder)}")
+    if validation.looks_like_path(model) or os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0"):
         raise MissingFileError(f"model not found: {model} (no such folder here, and hub ids are not looked up offline)")
 
 

@@ -299,6 +299,9 @@ def evaluate(
     validation.at_least("max_new_tokens", max_new_tokens, 1)
     validation.at_least("max_prompt_length", max_prompt_length, 1)
     validation.at_least("max_examples", max_examples, 1)
+    if seeds is not None and not seeds:
+        raise ConfigError("seeds: give at least one sampling seed, e.g. --seeds '[10, 20, 30, 40, 50]' (the default when "
+                          "--seeds is left out)")
     if preset is not None:
         eval_settings.preset_settings(preset)  # an unknown pair fails here, before any model is loaded
     given = {"template": template, "max_new_tokens": max_new_tokens, "max_prompt_length": max_prompt_length,
@@ -307,8 +310,19 @@ def evaluate(
     for name in models:
         check_model_folder(name)
         settings, sources = eval_settings.resolve(name, preset, given)
-        validation.check_positions("model", {"name_or_path": name}, settings["max_prompt_length"] + settings["max_new_tokens"],
-                                   "max_prompt_length + max_new_tokens")
+        try:
+            validation.check_positions("model", {"name_or_path": name},
+                                       settings["max_prompt_length"] + settings["max_new_tokens"],
+                                       "max_prompt_length + max_new_tokens")
+        except ConfigError as error:
+            defaulted = [key for key in ("max_prompt_length", "max_new_tokens") if sources[key] == eval_settings.DEFAULT_SOURCE]
+            if not defaulted:
+                raise
+            raise ConfigError(
+                f"{error}; {' and '.join(defaulted)} {'is' if len(defaulted) == 1 else 'are'} MiniLLM's default, as "
+                f"neither the command line nor {Path(name) / eval_settings.TRAINING_SETTINGS} set {'it' if len(defaulted) == 1 else 'them'}: "
+                "pass --preset <pair> (the pair the model was trained with, e.g. --preset tiny) or --max_prompt_length "
+                "and --max_new_tokens") from None
         plans.append((name, settings, sources))
     short_names = [Path(name).parent.name if Path(name).name == "hf" else Path(name).name for name in models]
     if len(set(short_names)) < len(short_names):

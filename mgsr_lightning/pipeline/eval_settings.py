@@ -23,6 +23,7 @@ from mgsr_lightning.pipeline.paths import CONFIGS, composed_config
 
 SETTINGS = ("template", "max_new_tokens", "max_prompt_length", "eos_token")
 PAPER_PROTOCOL = {"template": "alpaca", "max_new_tokens": 256, "max_prompt_length": 256, "eos_token": None}
+DEFAULT_SOURCE = "default (MiniLLM's protocol)"
 
 
 def preset_settings(pair: str) -> dict[str, Any]:
@@ -44,7 +45,7 @@ def model_settings(model: str | Path) -> dict[str, Any] | None:
 
 def resolve(model: str | Path, preset: str | None, given: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
     """(settings, where each came from) for evaluating ``model``; ``given`` holds the command line's values (None: unset)."""
-    layers = [("default (MiniLLM's protocol)", PAPER_PROTOCOL)]
+    layers = [(DEFAULT_SOURCE, PAPER_PROTOCOL)]
     saved = model_settings(model)
     if saved is not None:
         layers.append((f"its training settings ({Path(model) / TRAINING_SETTINGS})", saved))

@@ -27,6 +27,8 @@ def _row_order(path: Path) -> tuple[int, str]:
 def find_metrics(paths: Sequence[str]) -> list[Path]:
     """The ``metrics.json`` files named, or found under the folders named, in the order given
     (inside a folder: the teacher, then the methods in the order of the paper's Table 1, then others)."""
+    if not paths:
+        raise ConfigError("runs: give at least one `evaluate` output folder or metrics.json, e.g. --runs '[runs/eval]'")
     found: list[Path] = []
     for name in paths:
         path = Path(name)
@@ -38,7 +40,7 @@ def find_metrics(paths: Sequence[str]) -> list[Path]:
                 raise MissingFileError(f"no metrics.json under {path}: give folders written by `evaluate`")
             found += inside
         else:
-            raise MissingFileError(f"not found: {path} (give `evaluate` output folders or their metrics.json)")
+            raise MissingFileError(f"runs: {validation.describe_missing(path)} (give `evaluate` output folders or their metrics.json)")
     return list(dict.fromkeys(found))
 
 

@@ -18,6 +18,7 @@ TINY_TRAINING = {"template": "plain", "max_prompt_length": 48, "max_length": 72,
 
 def model_with_settings(tiny_assets, folder, settings):
     shutil.copytree(tiny_assets["models"]["gpt2"]["student"], folder)
+    shutil.copytree(tiny_assets["tokenizer"], folder, dirs_exist_ok=True)  # a model folder carries its tokenizer
     if settings is not None:
         (folder / TRAINING_SETTINGS).write_text(json.dumps(settings))
     return folder
