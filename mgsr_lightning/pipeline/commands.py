@@ -288,7 +288,7 @@ def evaluate(
         eos_token: Token that ends a response (default: the model's training setting, else the tokenizer's EOS).
         label: Row name in the table, for one model (default: the folder's name, or its parent's for ``.../hf``).
     """
-    from mgsr_lightning.pipeline import eval_settings
+    from mgsr_lightning.pipeline import answer_lengths, eval_settings
 
     models = [model] if isinstance(model, str) else list(model)
     if not models:
@@ -344,7 +344,10 @@ def evaluate(
     for name, settings, sources in plans:
         folder = Path(name)
         short_name = folder.parent.name if folder.name == "hf" else folder.name
+        settings, sources, note = answer_lengths.sized_for(name, settings, sources, eval_sets, max_examples)
         print(f"evaluating {name}: {eval_settings.describe(settings, sources)}", flush=True)
+        if note is not None:
+            print(note, flush=True)
         config = EvalConfig(
             seeds=seeds or [10, 20, 30, 40, 50], sampling=SamplingConfig(max_new_tokens=settings["max_new_tokens"]),
             batch_size=batch_size, max_prompt_length=settings["max_prompt_length"], max_examples=max_examples,

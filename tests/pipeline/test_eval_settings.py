@@ -76,10 +76,11 @@ def test_evaluate_uses_each_model_s_training_settings(tiny_assets, tmp_path, eva
     test_set = str(tiny_assets["data"] / "test.jsonl")
     commands.evaluate(model=[str(teacher), str(sft)], sets=[test_set], out=str(tmp_path / "eval"), seeds=[10])
     assert [method for method, _ in evaluated] == ["Teacher", "SFT"]
-    for _, config in evaluated:
-        assert (config.template, config.sampling.max_new_tokens, config.max_prompt_length) == ("plain", 24, 48)
+    for _, config in evaluated:  # the trained 24 new tokens raised to the test set's longest answer (28 tokens + EOS)
+        assert (config.template, config.sampling.max_new_tokens, config.max_prompt_length) == ("plain", 29, 48)
     printed = capsys.readouterr().out
-    assert f"evaluating {sft}: template=plain, max_new_tokens=24, max_prompt_length=48 from its training settings" in printed
+    assert f"evaluating {sft}: template=plain, max_prompt_length=48 from its training settings" in printed
+    assert "max_new_tokens=29 from the longest reference answer (raised from 24)" in printed
     assert "table --runs" in printed
     commands.evaluate(model=str(sft), sets=[test_set], out=str(tmp_path / "eval1"), template="alpaca", max_new_tokens=8)
     assert (evaluated[-1][1].template, evaluated[-1][1].sampling.max_new_tokens) == ("alpaca", 8)
@@ -96,4 +97,4 @@ def test_evaluate_refuses_models_it_would_prompt_differently(tiny_assets, tmp_pa
     with pytest.raises(ConfigError, match="max_prompt_length \\+ max_new_tokens = 512 tokens"):
         commands.evaluate(model=str(bare), sets=[test_set], out=str(tmp_path / "eval"))
     commands.evaluate(model=[str(tiny), str(alpaca)], sets=[test_set], out=str(tmp_path / "eval"), preset="tiny")
-    assert [(c.template, c.sampling.max_new_tokens) for _, c in evaluated] == [("plain", 24), ("plain", 24)]
+    assert [(c.template, c.sampling.max_new_tokens) for _, c in evaluated] == [("plain", 29), ("plain", 29)]  # sized
