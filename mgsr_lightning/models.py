@@ -53,8 +53,9 @@ class ModelSource:
     Args:
         name_or_path: Hugging Face hub id or local folder, loaded with ``from_pretrained``.
         config: Instead of weights, a config dict with ``model_type`` (e.g. ``{model_type: gpt2,
-            n_layer: 2, n_embd: 128, n_head: 4}``); the model is randomly initialised. When
-            ``name_or_path`` is also given, its config is loaded and these keys override it.
+            n_layer: 2, n_embd: 128, n_head: 4}``); the model is randomly initialised. Give one of
+            ``name_or_path`` and ``config``: ``fit`` refuses both, since the config would build a random model
+            and the weights of ``name_or_path`` would not be loaded.
         gguf_file: A GGUF file inside ``name_or_path`` to load (dequantised by transformers).
         dtype: Weight dtype: ``float32``, ``bfloat16`` or ``float16``. The frozen teacher can be
             kept in bf16/fp16 to halve its memory while the student trains under a precision plugin.

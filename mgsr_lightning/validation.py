@@ -241,6 +241,13 @@ def check_model_args(init: Any, prefix: str = "model.init_args") -> None:
     at_least(f"{prefix}.validation.rouge_examples", _get(init, "validation.rouge_examples"), 0)
     at_least(f"{prefix}.validation.max_new_tokens", _get(init, "validation.max_new_tokens"), 1)
     for role in ("student", "teacher"):
+        name_or_path, config = _get(init, f"{role}.name_or_path"), _get(init, f"{role}.config")
+        if name_or_path and config:
+            raise ConfigError(
+                f"{prefix}.{role} has both name_or_path ({name_or_path}) and config: a config builds a randomly initialised "
+                f"model, so the weights of {name_or_path} would not be loaded. To load them, unset config: "
+                f"""--{prefix}.{role}='{{"name_or_path": "{name_or_path}", "config": null}}' (in a config file: """
+                "`config: null`); to build from the config, unset name_or_path")
         dtype = _get(init, f"{role}.dtype")
         if dtype is not None and dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigError(f"{prefix}.{role}.dtype must be float32, bfloat16 or float16, got {dtype!r}")
@@ -264,6 +271,12 @@ def check_data_args(data: Any, stage: str) -> None:
     needed = {"fit": ("train_data", "val_data"), "validate": ("train_data", "val_data")}.get(stage, ("test_data",))
     for key in needed:
         existing_input(f"data.{key}", _get(data, key), "data file")
+    from mgsr_lightning.data.records import read_jsonl
+
+    for key in needed:  # every row, as the data module will read them, before Lightning prints or writes anything
+        value = _get(data, key)
+        if isinstance(value, str) and Path(value).expanduser().is_file():
+            read_jsonl(Path(value).expanduser())
 
 
 def check_run_config(config: Any, stage: str) -> None:

@@ -200,9 +200,20 @@ def test_bad_rows_are_named_by_file_and_line(case, tiny_assets, tmp_path, capsys
         data.write_bytes(row)
     else:
         data.write_bytes(GOOD_ROW.encode() + (row if isinstance(row, bytes) else row.encode()))
-    line = error_line(fit_args(tiny_assets, tmp_path / "run", f"--data.train_data={data}"), capsys, only_line=False)
+    # read before Lightning starts: no start-up lines, no empty version folder
+    line = error_line(fit_args(tiny_assets, tmp_path / "run", f"--data.train_data={data}"), capsys)
     assert expected in line
-    assert files_under(tmp_path / "run") == []
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_student_given_both_weights_and_a_config_is_refused(tiny_assets, tmp_path, capsys):
+    student = tiny_assets["models"]["gpt2"]["student"]
+    config = '--model.init_args.student.config={"model_type": "gpt2", "n_layer": 2, "n_embd": 128, "n_head": 4}'
+    line = error_line(fit_args(tiny_assets, tmp_path / "run", config), capsys)
+    assert (f"model.init_args.student has both name_or_path ({student}) and config: a config builds a randomly "
+            f"initialised model, so the weights of {student} would not be loaded. To load them, unset config: "
+            f"""--model.init_args.student='{{"name_or_path": "{student}", "config": null}}'""") in line
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_file_saved_with_a_byte_order_mark_is_read(tmp_path):
@@ -317,6 +328,18 @@ def test_pipeline_commands_check_names_and_values_before_any_work(args, expected
     extra += ["--out", str(tmp_path / "tiny")] if args[0] == "prepare-tiny" else []
     assert expected in error_line(args + extra, capsys)
     assert files_under(tmp_path) == []
+
+
+# ---- prepare -----------------------------------------------------------------------------------
+
+def test_prepare_names_a_corrupt_manifest(tiny_assets, tmp_path, capsys):
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "prepared.json").write_text('{"files": {\n')  # cut short
+    line = error_line(["prepare", "--data", str(tiny_assets["data"]), "--out", str(root), "--vocab_size", "300"], capsys)
+    assert (f"{root / 'prepared.json'} is not valid JSON (Expecting property name enclosed in double quotes at line 2, "
+            f"column 1); it records which files of {root} a prepare command wrote") in line
+    assert [p.name for p in root.iterdir()] == ["prepared.json"]
 
 
 # ---- runs that train: full disk, NaN loss, resume, export elsewhere -------------------------------

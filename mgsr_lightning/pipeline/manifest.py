@@ -49,9 +49,24 @@ class Manifest:
     def __init__(self, root: str | Path):
         self.root = Path(root)
         self.path = self.root / MANIFEST_NAME
-        data = json.loads(self.path.read_text()) if self.path.is_file() else {}
+        data = self._read() if self.path.is_file() else {}
         self.files: dict[str, str] = data.get("files", {})
         self.steps: dict[str, dict[str, Any]] = data.get("steps", {})
+
+    def _read(self) -> dict[str, Any]:
+        advice = (f"it records which files of {self.root} a prepare command wrote, so nothing there can be reused or "
+                  f"replaced safely: move {self.root} away (or delete it) and prepare again")
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as error:
+            raise ConfigError(f"{self.path} is not valid JSON ({error.msg} at line {error.lineno}, column {error.colno}); "
+                              f"{advice}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"{self.path} is not UTF-8 text; {advice}") from None
+        if not isinstance(data, dict) or not all(isinstance(data.get(key, {}), dict) for key in ("files", "steps")):
+            raise ConfigError(f"{self.path} is not a manifest written by prepare (expected an object of files and steps); "
+                              f"{advice}")
+        return data
 
     def _key(self, path: Path) -> str:
         return Path(path).resolve().relative_to(self.root.resolve()).as_posix()
