@@ -106,6 +106,23 @@ def writable_folder(name: str, folder: str | Path | None) -> None:
         raise UserError(f"{name}: cannot write in {existing} ({error.strerror or error}); choose a writable folder") from None
 
 
+def model_output_folder(name: str, folder: str | Path | None) -> None:
+    """``folder`` can take an exported model: it is new, empty, or a model folder (whose files are replaced);
+    a folder of other files is never written into."""
+    writable_folder(name, folder)
+    if folder is None or "://" in str(folder):
+        return
+    path = Path(folder).expanduser()
+    if path.is_file():
+        raise ConfigError(f"{name}: {path} is a file; give a new or empty folder (a model folder is replaced)")
+    if path.is_dir() and not (path / "config.json").is_file():
+        others = sorted(entry.name for entry in path.iterdir())
+        if others:
+            shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+            raise ConfigError(f"{name}: {path} holds other files ({shown}) and no model; give a new or empty folder "
+                              "(a model folder, with its config.json, is replaced)")
+
+
 def check_checkpoint(path: str | Path, name: str = "ckpt_path") -> dict[str, Any]:
     """Load a checkpoint's structure (tensors memory-mapped, not read); fail clearly if missing or corrupt."""
     import torch
@@ -305,4 +322,4 @@ def check_run_config(config: Any, stage: str) -> None:
         if logger_config is not None and not isinstance(logger_config, bool):
             writable_folder("trainer.logger save_dir", _get(logger_config, "init_args.save_dir"))
     if stage == "fit":
-        writable_folder("model.init_args.export_dir", _get(init, "export_dir"))
+        model_output_folder("model.init_args.export_dir", _get(init, "export_dir"))

@@ -398,6 +398,22 @@ def test_resumed_run_continues_its_logger_version(trained_run, tiny_assets, tmp_
     assert train_steps == [0, 1, 2, 3]  # both parts of the run, once each
 
 
+def test_export_never_writes_into_a_folder_of_other_files(trained_run, tiny_assets, tmp_path, capsys):
+    theirs = tmp_path / "my_documents"
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("mine")
+    (theirs / "tokenizer.json").write_text("{}")  # a name export would write over
+    before = {p.name: p.read_text() for p in theirs.iterdir()}
+    expected = f"{theirs} holds other files (notes.txt, tokenizer.json) and no model; give a new or empty folder"
+    line = error_line(["export", "--checkpoint", str(trained_run["checkpoint"]), "--out", str(theirs)], capsys)
+    assert f"out: {expected}" in line
+    line = error_line(fit_args(tiny_assets, tmp_path / "run", f"--model.init_args.export_dir={theirs}"), capsys)
+    assert f"model.init_args.export_dir: {expected}" in line
+    assert {p.name: p.read_text() for p in theirs.iterdir()} == before and not (tmp_path / "run").exists()
+    main(["export", "--checkpoint", str(trained_run["checkpoint"]), "--out", str(tmp_path / "exported")])
+    main(["export", "--checkpoint", str(trained_run["checkpoint"]), "--out", str(tmp_path / "exported")])  # replaced
+
+
 def test_export_from_another_folder_builds_the_student_only(trained_run, tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM
 

@@ -367,13 +367,14 @@ def export(checkpoint: str, out: str) -> None:
 
     Args:
         checkpoint: A checkpoint written during ``fit`` (the teacher is not in it and is not loaded).
-        out: Output folder, loadable with ``from_pretrained`` and ``pipeline("text-generation", ...)``.
+        out: Output folder, loadable with ``from_pretrained`` and ``pipeline("text-generation", ...)``; it must
+            be new, empty, or a model folder (whose files are replaced).
     """
     from mgsr_lightning.export import export_student, training_settings
 
     saved = validation.check_checkpoint(checkpoint, "checkpoint")
     hparams = saved.get("hyper_parameters", {})
-    validation.writable_folder("out", out)
+    validation.model_output_folder("out", out)
     overrides: dict[str, Any] = {}
     student = hparams.get("student")
     name_or_path = student.get("name_or_path") if isinstance(student, dict) else getattr(student, "name_or_path", None)
