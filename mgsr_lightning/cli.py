@@ -33,9 +33,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from mgsr_lightning.atomic import AtomicCheckpointIO
 from mgsr_lightning.data.datamodule import InstructionDataModule
-from mgsr_lightning.errors import ConfigError, MissingFileError, condense_parser_error
+from mgsr_lightning.errors import ConfigError, MissingFileError, UserError, condense_parser_error
 from mgsr_lightning.guards import NonFiniteLossGuard
 from mgsr_lightning.module import DistillLightningModule
+from mgsr_lightning.run_lock import ExportLock, export_lock
 from mgsr_lightning.validation import CKPT_KEYWORDS, check_checkpoint, check_run_config
 
 PARSER_MODE = "omegaconf_base"
@@ -158,6 +159,10 @@ def _unknown_config_keys(files: list[Path], known: set[str]) -> list[str]:
     return unknown
 
 
+class FitInterrupted(UserError):
+    """``fit`` stopped by Ctrl-C; the message names the checkpoint to resume from."""
+
+
 class DistillCLI(LightningCLI):
     """LightningCLI with the data module's tokenizer, EOS and length limits linked into the model, and
     ``seed_everything`` linked into the data order and the module's own seed: one training seed
@@ -170,6 +175,23 @@ class DistillCLI(LightningCLI):
     """
 
     _resume_step: int | None = None
+    _export_lock: ExportLock | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            super().__init__(*args, **kwargs)  # parses, checks, instantiates and runs
+        finally:
+            if self._export_lock is not None:  # however the run ended
+                self._export_lock.release()
+                self._export_lock = None
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        try:
+            super()._run_subcommand(subcommand)
+        except SystemExit:  # Lightning ends a run stopped by Ctrl-C with exit(1)
+            if subcommand != "fit" or not self.trainer.interrupted:
+                raise
+            raise FitInterrupted(_interrupted_line(self.trainer)) from None
 
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
         use_config_loader()
@@ -219,6 +241,14 @@ class DistillCLI(LightningCLI):
             value = _namespace_get(config, key)
             if isinstance(value, str) and "://" not in value:
                 _namespace_set(config, key, str(Path(value).expanduser().absolute()))
+        if self.subcommand == "fit":  # one writer per export folder, from here until the run ends
+            self._export_lock = export_lock(_namespace_get(config, "model.init_args.export_dir"))
+            if self._export_lock is not None:
+                try:
+                    self._export_lock.acquire()
+                except UserError:
+                    self._export_lock = None
+                    raise
         ckpt_path = getattr(config, "ckpt_path", None)
         if self.subcommand == "fit" and ckpt_path and str(ckpt_path) not in CKPT_KEYWORDS:
             self._continue_logger_version(config, Path(ckpt_path))
@@ -258,6 +288,23 @@ class DistillCLI(LightningCLI):
         parser.link_arguments("data.max_length", "model.init_args.max_length")
         parser.link_arguments("seed_everything", "data.seed", compute_fn=training_seed)
         parser.link_arguments("seed_everything", "model.init_args.seed", compute_fn=training_seed)
+
+
+def _interrupted_line(trainer: Trainer) -> str:
+    """What a fit stopped by Ctrl-C says: the step it reached and how to continue from its latest checkpoint."""
+    import signal
+
+    with contextlib.suppress(ValueError):  # Lightning ignores further Ctrl-C while it shuts down; restore it
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    folders = {Path(callback.dirpath) for callback in trainer.checkpoint_callbacks if getattr(callback, "dirpath", None)}
+    saved = [path for folder in folders for path in folder.glob("*.ckpt") if not path.name.startswith(".")]
+    line = f"fit interrupted (Ctrl-C) at step {trainer.global_step}"
+    if not saved:
+        return f"{line}; no checkpoint was written yet, so running the same command starts it over"
+    latest = max(saved, key=lambda path: (path.name == "last.ckpt", path.stat().st_mtime))
+    step = int(check_checkpoint(latest).get("global_step", 0))
+    return (f"{line}; to continue from its latest checkpoint (step {step}), run the same command with "
+            f"--ckpt_path={latest} (`reproduce` continues on its own when run again)")
 
 
 def _keep_logged_rows(logger: CSVLogger, resume_step: int) -> None:

@@ -386,6 +386,65 @@ def test_non_finite_loss_stops_with_step_and_batch_and_keeps_the_last_good_check
     assert not (tmp_path / "run" / "hf").exists()
 
 
+def test_a_second_fit_on_the_same_export_folder_is_refused(tiny_assets, tmp_path, capsys, monkeypatch):
+    from lightning.pytorch import Trainer
+
+    from mgsr_lightning.run_lock import lock_path
+
+    export_dir = tmp_path / "students" / "kd"
+    lock = lock_path(export_dir)
+    lock.parent.mkdir(parents=True)
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])  # the first fit, still running
+    try:
+        lock.write_text(json.dumps({"pid": running.pid, "host": __import__("socket").gethostname(),
+                                    "started": "2026-01-01 10:00:00", "command": "fit"}))
+        args = fit_args(tiny_assets, tmp_path / "run", f"--model.init_args.export_dir={export_dir}")
+        line = error_line(args, capsys)
+        assert (f"model.init_args.export_dir: another fit (pid {running.pid} on ") in line
+        assert f"is writing its student to {export_dir}, and a second one would replace it" in line
+        assert not (tmp_path / "run").exists() and sorted(p.name for p in lock.parent.iterdir()) == [lock.name]
+    finally:
+        running.kill()
+        running.wait()
+    held = []  # the first run ended without removing its lock (killed): the next one takes it over, holds it, frees it
+    fit = Trainer.fit
+
+    def fit_holding_the_lock(self, *args, **kwargs):
+        held.append(json.loads(lock.read_text())["pid"])
+        return fit(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "fit", fit_holding_the_lock)
+    run_cli(fit_args(tiny_assets, tmp_path / "run", f"--model.init_args.export_dir={export_dir}"))
+    assert held == [os.getpid()] and not lock.exists() and (export_dir / "config.json").is_file()
+
+
+def test_ctrl_c_during_fit_says_how_to_resume(tiny_assets, tmp_path, capsys, monkeypatch):
+    import signal
+
+    from mgsr_lightning.module import DistillLightningModule
+
+    step = DistillLightningModule.training_step
+
+    def ctrl_c_at_step_3(self, batch, batch_idx):
+        if self.global_step == 3:
+            raise KeyboardInterrupt
+        return step(self, batch, batch_idx)
+
+    monkeypatch.setattr(DistillLightningModule, "training_step", ctrl_c_at_step_3)
+    handler = signal.getsignal(signal.SIGINT)
+    try:
+        line = error_line(fit_args(tiny_assets, tmp_path / "run", "--trainer.max_steps=6"), capsys, only_line=False)
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    last = tmp_path / "run" / "kd" / "version_0" / "checkpoints" / "last.ckpt"
+    assert (f"fit interrupted (Ctrl-C) at step 3; to continue from its latest checkpoint (step 2), run the same command "
+            f"with --ckpt_path={last}") in line
+    assert not (tmp_path / "run" / "hf").exists()
+    monkeypatch.setattr(DistillLightningModule, "training_step", step)
+    cli = run_cli(fit_args(tiny_assets, tmp_path / "run", "--trainer.max_steps=4", f"--ckpt_path={last}"))
+    assert cli.trainer.global_step == 4
+
+
 def test_resumed_run_continues_its_logger_version(trained_run, tiny_assets, tmp_path):
     run_dir = tmp_path / "run"
     shutil.copytree(trained_run["dir"], run_dir)
