@@ -342,6 +342,46 @@ def test_prepare_names_a_corrupt_manifest(tiny_assets, tmp_path, capsys):
     assert [p.name for p in root.iterdir()] == ["prepared.json"]
 
 
+def write_rows(folder: Path, rows: dict[str, list[dict[str, str]]]) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, split_rows in rows.items():
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in split_rows))
+    return folder
+
+
+def test_prepare_finds_that_no_row_fits_before_writing_anything(tmp_path, capsys):
+    long = [{"instruction": "Repeat: " + " ".join(f"word{j}x{i}" for j in range(80)), "input": "", "output": "ok"}
+            for i in range(12)]
+    data = write_rows(tmp_path / "long", {"train": long, "validation": long[:4], "test": long[:4]})
+    line = error_line(["prepare", "--data", str(data), "--out", str(tmp_path / "root"), "--vocab_size", "300"], capsys)
+    assert (f"none of the 12 train rows of {data / 'train.jsonl'} fits the tiny pair's length limits with this tokenizer "
+            "(prompts <= 48 tokens, prompt + response <= 72; configs/tiny/base.yaml): 12 have a longer prompt") in line
+    assert "--pair reason (prompts <= 56, prompt + response <= 136)" in line and "a larger --vocab_size" in line
+    assert "--data." not in line and "raise max_length" not in line  # options of fit, which prepare does not have
+    assert not (tmp_path / "root").exists()
+
+
+def test_prepare_warns_of_test_rows_that_are_training_rows_and_of_duplicated_rows(tmp_path, capsys, monkeypatch):
+    from mgsr_lightning.pipeline import own_data
+
+    def stub(*args):  # the teacher's and the initial student's SFT, not what this test is about
+        return {"steps": 1, "parameters": 1000, "best_val_rougeL": None, "seconds": 0.0}
+
+    monkeypatch.setattr(own_data, "_train_teacher", stub)
+    monkeypatch.setattr(own_data, "_train_init_student", stub)
+    rows = [{"instruction": f"What is {a} plus {a}?", "input": "", "output": f"{2 * a}"} for a in range(10)]
+    clean = write_rows(tmp_path / "clean", {"train": rows[:6], "validation": rows[6:8], "test": rows[8:]})
+    assert own_data._overlap_warnings({s: clean / f"{s}.jsonl" for s in ("train", "validation", "test")},
+                                      {"train": rows[:6], "validation": rows[6:8], "test": rows[8:]}) == []
+    leaky = write_rows(tmp_path / "leaky", {"train": rows[:6] + rows[:2], "validation": rows[6:8], "test": rows[:4]})
+    own_data.prepare(data=str(leaky), out=str(tmp_path / "root"), vocab_size=300)
+    printed = capsys.readouterr().out
+    assert (f"warning: 4 of the 4 test rows ask the prompt of a training row ({leaky / 'test.jsonl'}): their scores "
+            "measure recall of the training data") in printed
+    assert f"warning: {leaky / 'train.jsonl'} holds 2 duplicated rows" in printed
+    assert "validation rows ask" not in printed
+
+
 # ---- runs that train: full disk, NaN loss, resume, export elsewhere -------------------------------
 
 @pytest.fixture(scope="module")

@@ -137,22 +137,75 @@ def _same(a: Path, b: Path) -> bool:
     return b.exists() and os.path.samefile(a, b)
 
 
-def _fits(records: list[dict[str, Any]], tokenizer, data_config: dict[str, Any], max_length: int | None, name: str) -> int:
-    """How many rows the pair's length limits keep (as training and evaluation encode them)."""
+def _fits(records: list[dict[str, Any]], tokenizer, data_config: dict[str, Any], max_length: int | None,
+          name: str) -> tuple[int, dict[str, int]]:
+    """How many rows the pair's length limits keep (as training and evaluation encode them), and why the others go."""
     from mgsr_lightning.data.datamodule import encode_records
     from mgsr_lightning.tokenizer import token_id
 
     datamodule_log = logging.getLogger("mgsr_lightning.data.datamodule")
-    level = datamodule_log.level
+    tokenizer_log = logging.getLogger("transformers.tokenization_utils_base")  # "longer than model_max_length"
+    levels = datamodule_log.level, tokenizer_log.level
     datamodule_log.setLevel(logging.ERROR)  # the summary states the counts; training logs the drops again anyway
+    tokenizer_log.setLevel(logging.ERROR)  # rows over the limits are counted here, not fed to a model
     try:
-        examples, _ = encode_records(records, tokenizer, template=data_config.get("template", "alpaca"),
+        examples, stats = encode_records(records, tokenizer, template=data_config.get("template", "alpaca"),
                                      eos_token_id=token_id(tokenizer, data_config.get("eos_token")),
                                      max_length=max_length,
                                      max_prompt_length=data_config["max_prompt_length"], name=name)
     finally:
-        datamodule_log.setLevel(level)
-    return len(examples)
+        datamodule_log.setLevel(levels[0])
+        tokenizer_log.setLevel(levels[1])
+    return len(examples), stats
+
+
+def _check_some_rows_fit(pair: str, files: dict[str, Path], records: dict[str, list[dict[str, Any]]],
+                         stats: dict[str, dict[str, int]], data_config: dict[str, Any], trains_tokenizer: bool) -> None:
+    """Fail, before anything is written, when no row of a split fits the pair's length limits."""
+    empty = [split for split in SPLITS if stats[split]["kept"] == 0]
+    if not empty:
+        return
+    split = empty[0]
+    limit_text = (f"prompts <= {data_config['max_prompt_length']} tokens"
+                  + (f", prompt + response <= {data_config['max_length']}" if split != "test" else ""))
+    reasons = f"{stats[split]['dropped_long_prompt']} have a longer prompt" + (
+        f", {stats[split]['dropped_long_response']} a longer prompt + response" if split != "test" else "")
+    longer = []
+    for other in ROOT_ENVS:
+        other_data = composed_config(other)["data"]
+        if (other_data["max_prompt_length"], other_data["max_length"]) > (data_config["max_prompt_length"],
+                                                                            data_config["max_length"]):
+            longer.append(f"--pair {other} (prompts <= {other_data['max_prompt_length']}, prompt + response <= "
+                          f"{other_data['max_length']})")
+    options = ([f"a pair with longer limits: {' or '.join(longer)}"] if longer else []) + (
+        ["a larger --vocab_size (fewer tokens per row)"] if trains_tokenizer else [])
+    raise ConfigError(
+        f"none of the {len(records[split])} {split} rows of {files[split]} fits the {pair} pair's length limits with "
+        f"this tokenizer ({limit_text}; configs/{pair}/base.yaml): {reasons}; shorten the rows"
+        + (f", or prepare them with {', or '.join(options)}" if options else ""))
+
+
+def _overlap_warnings(files: dict[str, Path], records: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Warnings about rows of the evaluation splits that are training rows, and about duplicated rows."""
+    import json
+
+    def prompt(record: dict[str, Any]) -> str:
+        return record.get("prompt") or json.dumps([record["instruction"], record["input"]])
+
+    warnings = []
+    training_prompts = {prompt(record) for record in records["train"]}
+    for split in ("validation", "test"):
+        shared = sum(prompt(record) in training_prompts for record in records[split])
+        if shared:
+            warnings.append(f"{shared} of the {len(records[split])} {split} rows ask the prompt of a training row "
+                            f"({files[split]}): their scores measure recall of the training data, not what the "
+                            f"student learnt; remove them from the {split} file")
+    for split in SPLITS:
+        duplicated = len(records[split]) - len({json.dumps(record, sort_keys=True) for record in records[split]})
+        if duplicated:
+            warnings.append(f"{files[split]} holds {duplicated} duplicated rows (a prompt and answer given again), "
+                            "each copy counted again; remove them")
+    return warnings
 
 
 def _step_overrides(config: dict[str, Any], steps: int | None) -> list[str]:
@@ -255,21 +308,22 @@ def prepare(
     writable_folder("out", root)
     base = composed_config(pair)
     manifest = Manifest(root)
+    data_config = base["data"]
+    tokenizer_args = (root, manifest, records["train"], file_sha256(files["train"]), tokenizer,
+                      vocab_size or DEFAULT_VOCAB[pair], base["data"].get("template", "alpaca"),
+                      base["model"]["init_args"]["student"]["config"]["n_positions"])
+    planned = _planned_tokenizer(*tokenizer_args)  # in memory: nothing is written before the rows are known to fit
+    counted = {split: _fits(records[split], planned, data_config, data_config["max_length"] if split != "test" else None,
+                            split) for split in SPLITS}
+    _check_some_rows_fit(pair, files, records, {split: stats for split, (_, stats) in counted.items()}, data_config,
+                         tokenizer is None)
+    fits = {split: kept for split, (kept, _) in counted.items()}
     data_hashes = _copy_data(files, root, manifest)
-    tokenizer_fingerprint, tokenizer_summary, tokenizer_note = _tokenizer_step(
-        root, manifest, records["train"], data_hashes["train"], tokenizer, vocab_size or DEFAULT_VOCAB[pair],
-        base["data"].get("template", "alpaca"), base["model"]["init_args"]["student"]["config"]["n_positions"])
+    tokenizer_fingerprint, tokenizer_summary, tokenizer_note = _tokenizer_step(*tokenizer_args, planned=planned)
     teacher_summary, teacher_note = _teacher_step(root, manifest, pair, tokenizer_fingerprint, data_hashes, teacher_steps)
     init_summary, init_note = _init_step(root, manifest, pair, tokenizer_fingerprint, data_hashes, init_steps)
-
-    from mgsr_lightning.tokenizer import load_tokenizer
-
-    loaded = load_tokenizer(str(root / "tokenizer"))
-    data_config = base["data"]
-    fits = {split: _fits(records[split], loaded, data_config, data_config["max_length"] if split != "test" else None,
-                         split) for split in SPLITS}
     _print_summary(pair, root, files, records, fits, data_config, tokenizer_summary, tokenizer_note, teacher_summary,
-                   teacher_note, init_summary, init_note)
+                   teacher_note, init_summary, init_note, _overlap_warnings(files, records))
     return root
 
 
@@ -289,17 +343,35 @@ def _copy_data(files: dict[str, Path], root: Path, manifest: Manifest) -> dict[s
     return {split: file_sha256(copies[split]) for split in SPLITS}
 
 
-def _tokenizer_step(root: Path, manifest: Manifest, train_records: list[dict[str, Any]], train_hash: str,
-                    given: str | None, vocab_size: int, template: PromptTemplate, model_max_length: int):
-    """``root/tokenizer``: a copy of ``given``, or a BPE trained on the training rows; reused for the same inputs.
-    Returns (fingerprint, summary, note)."""
-    tokenizer_dir = root / "tokenizer"
+def _tokenizer_fingerprint(train_hash: str, given: str | None, vocab_size: int, template: PromptTemplate,
+                           model_max_length: int) -> str:
     if given is not None:
-        inputs = {"copied_from": folder_sha256(given)}
-    else:
-        inputs = {"bpe_vocab_size": vocab_size, "train": train_hash, "template": template,
-                  "model_max_length": model_max_length}
-    step_fingerprint = fingerprint(inputs)
+        return fingerprint({"copied_from": folder_sha256(given)})
+    return fingerprint({"bpe_vocab_size": vocab_size, "train": train_hash, "template": template,
+                        "model_max_length": model_max_length})
+
+
+def _planned_tokenizer(root: Path, manifest: Manifest, train_records: list[dict[str, Any]], train_hash: str,
+                       given: str | None, vocab_size: int, template: PromptTemplate, model_max_length: int):
+    """The tokenizer the tokenizer step will leave in ``root/tokenizer``, without writing anything: the one there
+    when it is reused, ``given``, or a BPE trained on the training rows in memory."""
+    from mgsr_lightning.tokenizer import load_tokenizer, train_bpe_tokenizer
+
+    step_fingerprint = _tokenizer_fingerprint(train_hash, given, vocab_size, template, model_max_length)
+    if manifest.step_matches("tokenizer", step_fingerprint, root / "tokenizer"):
+        return load_tokenizer(str(root / "tokenizer"))
+    if given is not None:
+        return load_tokenizer(given)
+    return train_bpe_tokenizer(tokenizer_texts(train_records, template), vocab_size=vocab_size,
+                               model_max_length=model_max_length)
+
+
+def _tokenizer_step(root: Path, manifest: Manifest, train_records: list[dict[str, Any]], train_hash: str,
+                    given: str | None, vocab_size: int, template: PromptTemplate, model_max_length: int, planned=None):
+    """``root/tokenizer``: a copy of ``given``, or a BPE trained on the training rows (``planned``, when
+    :func:`_planned_tokenizer` trained it already); reused for the same inputs. Returns (fingerprint, summary, note)."""
+    tokenizer_dir = root / "tokenizer"
+    step_fingerprint = _tokenizer_fingerprint(train_hash, given, vocab_size, template, model_max_length)
     if manifest.step_matches("tokenizer", step_fingerprint, tokenizer_dir):
         return step_fingerprint, manifest.steps["tokenizer"]["summary"], "reused: same inputs"
     if not (given is not None and _same(Path(given), tokenizer_dir)):
@@ -308,6 +380,9 @@ def _tokenizer_step(root: Path, manifest: Manifest, train_records: list[dict[str
             shutil.rmtree(tokenizer_dir)
         if given is not None:
             shutil.copytree(given, tokenizer_dir)
+        elif planned is not None:
+            with atomic.atomic_folder(tokenizer_dir, last="tokenizer.json") as temporary:
+                planned.save_pretrained(str(temporary))
         else:
             _train_bpe(train_records, vocab_size, template, model_max_length, tokenizer_dir)
     from mgsr_lightning.tokenizer import load_tokenizer
@@ -369,7 +444,7 @@ def _init_step(root: Path, manifest: Manifest, pair: str, tokenizer_fingerprint:
 
 
 def _print_summary(pair, root, files, records, fits, data_config, tokenizer_summary, tokenizer_note, teacher_summary,
-                   teacher_note, init_summary, init_note) -> None:
+                   teacher_note, init_summary, init_note, warnings=()) -> None:
     limits = (f"prompts <= {data_config['max_prompt_length']} tokens, prompt + response <= {data_config['max_length']} "
               f"(configs/{pair}/base.yaml)")
     lines = [f"prepared {root} for distillation on your data ({pair} pair):", "  data (your files are only read):"]
@@ -379,6 +454,7 @@ def _print_summary(pair, root, files, records, fits, data_config, tokenizer_summ
     if any(fits[split] < len(records[split]) for split in SPLITS):
         lines.append("    rows over the limits are left out of training and evaluation; to keep them raise "
                      "--data.max_prompt_length/--data.max_length (and the models' n_positions) when you fit")
+    lines += [f"    warning: {warning}" for warning in warnings]
     lines.append(f"  tokenizer: vocabulary {tokenizer_summary['vocab_size']}, {tokenizer_summary['source']} "
                  f"({tokenizer_note})")
     rouge = teacher_summary.get("best_val_rougeL")
