@@ -7,8 +7,9 @@ there is one, else to the package ``a.b``; a package's ``__init__`` is a node of
 
 The layers, lowest first; a module may import its own layer (without a circle) and the layers below:
 
-1. contract: ``batch`` (the tensors a training step passes around), ``errors``, ``atomic``,
-   ``distributed``, ``seeding``; helpers that import nothing of the package.
+1. contract: ``batch`` (the tensors a training step passes around), ``errors``, ``missing``,
+   ``atomic``, ``distributed``, ``seeding``, ``run_lock``; helpers that import nothing of the package
+   beyond this layer.
 2. losses: ``losses`` (pure functions of logits; torch and ``batch`` only).
 3. parts: ``tokenizer``, ``vocabulary``, ``models``, ``export``, ``data``, ``generation``: models and
    tokenizers, the data, decoding.
@@ -31,7 +32,7 @@ PACKAGE = "mgsr_lightning"
 ROOT = Path(__file__).resolve().parents[1] / PACKAGE
 
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (  # lowest first
-    ("contract", ("batch", "errors", "atomic", "distributed", "seeding")),
+    ("contract", ("batch", "errors", "missing", "atomic", "distributed", "seeding", "run_lock")),
     ("losses", ("losses",)),
     ("parts", ("tokenizer", "vocabulary", "models", "export", "data", "generation")),
     ("method", ("spans", "text_spans", "error_search", "scrg", "rollout", "regimes", "evaluation", "callbacks",
@@ -136,7 +137,8 @@ def test_the_graph_sees_every_kind_of_import():
 
 def test_every_module_has_a_layer_and_every_layer_name_a_module():
     modules = package_modules()
-    assert not [name for name in modules if layer_of(name) is None], "give these modules a layer in LAYERS"
+    unplaced = [name for name in modules if layer_of(name) is None]
+    assert not unplaced, f"give these modules a layer in LAYERS: {unplaced}"
     relative = {name[len(PACKAGE) + 1 :] if name != PACKAGE else "__init__" for name in modules}
     stale = [member for _, members in LAYERS for member in members
              if not any(r == member or r.startswith(member + ".") for r in relative)]
@@ -149,9 +151,12 @@ def test_no_import_circle():
 
 
 def test_no_import_from_a_lower_layer_to_a_higher_one():
+    graph = import_graph()
+    unplaced = sorted({n for name, targets in graph.items() for n in (name, *targets) if layer_of(n) is None})
+    assert not unplaced, f"modules with no layer in LAYERS (give them one): {unplaced}"
     upward = [
         f"{name} ({LAYERS[layer_of(name)][0]}) imports {target} ({LAYERS[layer_of(target)][0]})"
-        for name, targets in sorted(import_graph().items())
+        for name, targets in sorted(graph.items())
         for target in sorted(targets)
         if layer_of(target) > layer_of(name)
     ]

@@ -24,7 +24,7 @@ from typing import Any
 
 from mgsr_lightning.atomic import atomic_path
 from mgsr_lightning.errors import MissingFileError, UserError
-from mgsr_lightning.validation import describe_missing
+from mgsr_lightning.missing import describe_missing
 
 
 class DataFormatError(UserError, ValueError):

@@ -14,6 +14,9 @@ from mgsr_lightning.errors import ConfigError, MissingFileError
 from mgsr_lightning.evaluation.evaluate import EvalConfig
 from mgsr_lightning.pipeline.paths import CONFIGS
 
+# the files of which a tokenizer folder holds at least one
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
 
 def eval_fingerprint(model_dir: Path, label: str, eval_sets: dict[str, list], config: EvalConfig) -> str:
     """Hash of everything that decides an evaluation's numbers: the model's files, the rows and the protocol."""
@@ -73,8 +76,6 @@ def check_pair_and_methods(pair: str, methods: list[str] | None) -> None:
 
 def check_model_folder(model: str) -> None:
     """A local model folder exists and holds a model and its tokenizer; a hub id is left to ``from_pretrained``."""
-    from mgsr_lightning.pipeline.own_data import TOKENIZER_FILES
-
     folder = Path(model).expanduser()
     if folder.is_dir():
         if not (folder / "config.json").is_file():

@@ -32,7 +32,7 @@ from mgsr_lightning import atomic
 from mgsr_lightning.data.records import read_jsonl
 from mgsr_lightning.data.templates import PromptTemplate, render_prompt
 from mgsr_lightning.errors import ConfigError, MissingFileError
-from mgsr_lightning.pipeline.checks import _config_texts
+from mgsr_lightning.pipeline.checks import TOKENIZER_FILES, _config_texts
 from mgsr_lightning.pipeline.manifest import Manifest, file_sha256, fingerprint, folder_sha256
 from mgsr_lightning.pipeline.paths import CONFIGS, ROOT_ENVS, composed_config, config_path, configured_root, environment
 from mgsr_lightning.validation import at_least, writable_folder
@@ -43,7 +43,6 @@ SPLITS = ("train", "validation", "test")
 SPLIT_FILE_NAMES = {"train": ("train.jsonl",), "validation": ("validation.jsonl", "valid.jsonl", "val.jsonl"),
                     "test": ("test.jsonl",)}
 DEFAULT_VOCAB = {"tiny": 1024, "reason": 2048, "facts": 2048}
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
 def tokenizer_texts(records: list[dict[str, Any]], template: PromptTemplate) -> list[str]:

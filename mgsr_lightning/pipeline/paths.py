@@ -7,10 +7,10 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from mgsr_lightning.missing import ROOT_ENVS, TINY_ROOT_ENV  # noqa: F401  (importable from here as before)
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = REPO_ROOT / "configs"
-TINY_ROOT_ENV = "MGSR_TINY_DIR"
-ROOT_ENVS = {"tiny": TINY_ROOT_ENV, "reason": "MGSR_REASON_DIR", "facts": "MGSR_FACTS_DIR"}  # artifact folder of each embedded pair
 
 
 def configured_root(pair: str, out: str | None = None) -> str | None:
