@@ -1,6 +1,7 @@
 # Two commands set everything up on a fresh machine:
 #   make demo   # venv + install, then the embedded default end to end (offline, CPU, < 10 min)
 #   make test   # venv + install, then the fast test suite (CPU, < 10 min)
+# make lint    # ruff over the package, the tests and the experiments
 # GPU users: install your CUDA torch into .venv first and run with `make ... CONSTRAINTS=`.
 # make reproduce [PAIR=gpt2|opt|openllama2|llama2] [SCALE=tiny|reason|facts] [METHODS=kd,mgsr] [SEEDS=0,1,2] [RESULTS=dir]
 #   SCALE=tiny: the quick embedded task; SCALE=reason: the embedded multi-step benchmark; SCALE=facts: the
@@ -24,7 +25,7 @@ BENCH_ARGS ?=
 OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install install-smollm2 demo test test-slow test-all reproduce bench clean
+.PHONY: install install-smollm2 demo test test-slow test-all lint reproduce bench clean
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -51,6 +52,10 @@ test-slow: install
 
 test-all: install
 	$(OFFLINE) $(PY) -m pytest -q -m ""
+
+# ruff, as configured in pyproject.toml ([tool.ruff])
+lint: install
+	$(PY) -m ruff check mgsr_lightning tests experiments
 
 reproduce: install
 	$(if $(filter $(EMBEDDED_SCALES),$(SCALE)),$(OFFLINE)) $(PY) -m mgsr_lightning reproduce --pair $(if $(filter $(EMBEDDED_SCALES),$(SCALE)),$(SCALE),$(PAIR)) \
