@@ -211,7 +211,8 @@ class _ChunkedRowSums(torch.autograd.Function):
         inputs, params = tensors[:num_inputs], tensors[num_inputs:]
         wants_grad = ctx.needs_input_grad[4:]
         # contiguous buffers, so that an input's buffer can be addressed by flat B·T position
-        grads = [torch.zeros(t.shape, dtype=t.dtype, device=t.device) if w else None for t, w in zip(tensors, wants_grad)]
+        grads = [torch.zeros(t.shape, dtype=t.dtype, device=t.device) if w else None
+                 for t, w in zip(tensors, wants_grad)]
         num_rows = row_index[0].numel()
         sums = None
         for start in range(0, max(num_rows, 1), chunk_size):

@@ -64,7 +64,9 @@ class RestKL(torch.autograd.Function):
         student_rest = _row_dot(out_of_band, student_probs)
         rest_active = (teacher_rest > 0) & (student_rest > 0)
         rest = torch.where(teacher_rest > 0, teacher_rest * (teacher_rest.log() - student_rest.log()), 0.0)
-        ratio = torch.where(rest_active, teacher_rest / student_rest.clamp_min(torch.finfo(student_rest.dtype).tiny), 0.0)
+        ratio = torch.where(
+            rest_active, teacher_rest / student_rest.clamp_min(torch.finfo(student_rest.dtype).tiny), 0.0
+        )
         ctx.save_for_backward(
             teacher_probs, student_probs, log_ratio, weight, weighted_teacher, out_of_band, sig_neg_a, sig_neg_b,
             order, ratio, rest_active, clippable, kept,
@@ -86,13 +88,16 @@ class RestKL(torch.autograd.Function):
             grad_student = torch.empty_like(grad_sorted).scatter_(-1, order, grad_sorted).to(ctx.student_dtype)
             del grad_sorted
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
-            # ∂L/∂w = p log(p/q) − [rest] (p (log r + 1) − r q); saved blocks stay unchanged (gradcheck re-runs backward)
+            # ∂L/∂w = p log(p/q) − [rest] (p (log r + 1) − r q); saved blocks stay unchanged
+            # (gradcheck re-runs backward)
             log_rest_ratio = torch.where(rest_active, ratio.clamp_min(torch.finfo(ratio.dtype).tiny).log(), 0.0)
             rest_scale = torch.where(rest_active, log_rest_ratio + 1, 0.0)
             grad_weight = log_ratio * teacher_probs
             grad_weight.addcmul_(teacher_probs, -rest_scale[:, None]).addcmul_(student_probs, ratio[:, None])
             kl_scale = grad_kl if guard_floor is None else torch.where(kept < guard_floor, 0.0, grad_kl)
-            kept_scale = torch.where(clippable > 0, grad_kept / clippable.clamp_min(torch.finfo(clippable.dtype).tiny), 0.0)
+            kept_scale = torch.where(
+                clippable > 0, grad_kept / clippable.clamp_min(torch.finfo(clippable.dtype).tiny), 0.0
+            )
             # ∂(kl_scale·L + kept_scale·kept)/∂w at k ≥ first (kept reads m p there, which is w p)
             through = grad_weight.mul_(weight).mul_(kl_scale[:, None]).addcmul_(weighted_teacher, kept_scale[:, None])
             through[:, :first] = 0

@@ -97,7 +97,8 @@ def reverse_kl(student_log_probs: Tensor, teacher_log_probs: Tensor) -> Tensor:
 def symmetric_kl(student_log_probs: Tensor, teacher_log_probs: Tensor, *, lam: float = 0.9) -> Tensor:
     """Symmetric KL, ``(1 − λ)·KL(p‖q) + λ·KL(q‖p)``; λ = 0.9 as in DistiLLM's SymKL."""
     _check_weight("lam", lam)
-    return (1 - lam) * kl_terms(teacher_log_probs, student_log_probs) + lam * kl_terms(student_log_probs, teacher_log_probs)
+    return ((1 - lam) * kl_terms(teacher_log_probs, student_log_probs)
+            + lam * kl_terms(student_log_probs, teacher_log_probs))
 
 
 @divergence
@@ -185,7 +186,9 @@ def alpha_beta_divergence(
         return (log_ratio + torch.exp(-log_ratio) - 1) / alpha**2
     total = alpha + beta
     cross = torch.exp(alpha * log_p + beta * log_q)
-    return -(cross - alpha / total * torch.exp(total * log_p) - beta / total * torch.exp(total * log_q)) / (alpha * beta)
+    return -(
+        cross - alpha / total * torch.exp(total * log_p) - beta / total * torch.exp(total * log_q)
+    ) / (alpha * beta)
 
 
 def _generalized_kl_terms(log_a: Tensor, log_b: Tensor, power: float) -> Tensor:

@@ -187,7 +187,9 @@ class Objective:
         d = self.distill
         common = dict(temperature=d.temperature, chunk_size=d.chunk_size)
         if d.name == "dac_kl":
-            loss, dac_kl_diagnostics = dac_kl(student_logits, teacher_logits, mask, clip_net=self.clip_net, **common, **d.params)
+            loss, dac_kl_diagnostics = dac_kl(
+                student_logits, teacher_logits, mask, clip_net=self.clip_net, **common, **d.params
+            )
             return loss, {f"dac_kl/{k}": v for k, v in dac_kl_diagnostics.items()}
         return DIVERGENCES[d.name](student_logits, teacher_logits, mask, **common, **d.params), {}
 

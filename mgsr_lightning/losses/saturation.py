@@ -118,7 +118,8 @@ def saturation_message(name: str, params: dict, value: float, step: int = 0) -> 
     where = "its bound" if ceiling.is_bound else "its value for a student far from the teacher,"
     formula = ceiling.formula if ceiling.formula == f"{ceiling.value:g}" else f"{ceiling.formula} = {ceiling.value:.2f}"
     return (
-        f"{ceiling.label} is {value:.2f}{ceiling.unit} per token at step {step}, {value / ceiling.value:.0%} of {where} "
+        f"{ceiling.label} is {value:.2f}{ceiling.unit} per token at step {step}, "
+        f"{value / ceiling.value:.0%} of {where} "
         f"{formula}: the student gives the teacher's likely tokens so little probability "
         f"that their gradient nearly vanishes (it scales with {ceiling.gradient}), and such runs stall or collapse. "
         f"Distil from a student fine-tuned on the task, as DistiLLM, MiniLLM and ABKD do: on data prepared by "
