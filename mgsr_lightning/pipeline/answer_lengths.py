@@ -56,8 +56,8 @@ def size_generation(model: str, settings: dict[str, Any], sources: dict[str, str
     if cut:
         why = (f"the model's {positions} positions leave {room} after prompts of up to {settings['max_prompt_length']} "
                "tokens" if room is not None and budget >= room else f"{source} sets max_new_tokens={budget}")
-        note.append(f"{cut} of {len(lengths)} reference answers ({cut / len(lengths):.0%}) are longer than the {budget} new "
-                    f"tokens sampled ({why}), so their samples are cut and score lower"
+        note.append(f"{cut} of {len(lengths)} reference answers ({cut / len(lengths):.0%}) are longer than the "
+                    f"{budget} new tokens sampled ({why}), so their samples are cut and score lower"
                     + ("" if room is not None and budget >= room else "; pass --max_new_tokens to sample more"))
     return settings, sources, f"{model}: " + "; ".join(note) if note else None
 

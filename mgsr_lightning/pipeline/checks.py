@@ -20,7 +20,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 
 def eval_fingerprint(model_dir: Path, label: str, eval_sets: dict[str, list], config: EvalConfig) -> str:
     """Hash of everything that decides an evaluation's numbers: the model's files, the rows and the protocol."""
-    model_files = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in Path(model_dir).glob("*") if p.is_file())
+    model_files = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns)
+                         for p in Path(model_dir).glob("*") if p.is_file())
     protocol = {k: v for k, v in dataclasses.asdict(config).items() if k not in ("show_progress", "batch_size")}
     payload = {"model": str(Path(model_dir).resolve()), "files": model_files, "label": label, "config": protocol,
                "sets": {name: records for name, records in eval_sets.items()}}
@@ -79,7 +80,9 @@ def check_model_folder(model: str) -> None:
     folder = Path(model).expanduser()
     if folder.is_dir():
         if not (folder / "config.json").is_file():
-            raise MissingFileError(f"model folder {model} has no config.json: not a folder written by `save_pretrained`")
+            raise MissingFileError(
+                f"model folder {model} has no config.json: not a folder written by `save_pretrained`"
+            )
         if not any((folder / name).is_file() for name in TOKENIZER_FILES):
             raise MissingFileError(
                 f"model folder {model} has no tokenizer ({', '.join(TOKENIZER_FILES)}); evaluate reads the tokenizer "
@@ -107,7 +110,9 @@ def stored_path(value: str, checkpoint: Path, what: str) -> str:
             return str(folder / value)
     if not validation.looks_like_path(value):
         return value  # a hub id
-    raise MissingFileError(f"the checkpoint's {what} {value!r} is not found from here nor from a folder above {checkpoint}")
+    raise MissingFileError(
+        f"the checkpoint's {what} {value!r} is not found from here nor from a folder above {checkpoint}"
+    )
 
 
 def student_only_module(checkpoint: dict[str, Any], overrides: dict[str, Any]):

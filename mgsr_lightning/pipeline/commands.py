@@ -28,7 +28,12 @@ from mgsr_lightning.evaluation.readers import EVAL_SETS, load_dolly15k, load_eva
 from mgsr_lightning.evaluation.report import format_table1, write_report
 from mgsr_lightning.generation import SamplingConfig
 from mgsr_lightning.pipeline.checks import (
-    check_fit_fingerprint, check_model_folder, check_pair_and_methods, eval_fingerprint, fit_fingerprint, stored_path,
+    check_fit_fingerprint,
+    check_model_folder,
+    check_pair_and_methods,
+    eval_fingerprint,
+    fit_fingerprint,
+    stored_path,
     student_only_module,
 )
 from mgsr_lightning.pipeline.paths import CONFIGS, REPO_ROOT, ROOT_ENVS, config_path, environment
@@ -37,8 +42,8 @@ from mgsr_lightning.pipeline.tiny import prepare_tiny
 log = logging.getLogger(__name__)
 
 PAPER_METHODS = ["sft", "kd", "seqkd", "imitkd", "gkd", "distillm", "mgsr"]
-TINY_METHODS = ["sft", "kd", "rkl", "jsd", "gkd", "imitkd", "distillm", "abkd", "mgsr_base", "mgsr_scrg", "mgsr_scrg_dac",
-                "mgsr", "mgsr_paper"]
+TINY_METHODS = ["sft", "kd", "rkl", "jsd", "gkd", "imitkd", "distillm", "abkd", "mgsr_base", "mgsr_scrg",
+                "mgsr_scrg_dac", "mgsr", "mgsr_paper"]
 # the reason benchmark's default: the acceptance baselines, ABKD, MGSR and its Table 2 ablation
 REASON_METHODS = ["sft", "kd", "distillm", "abkd", "mgsr", "mgsr_base", "mgsr_scrg", "mgsr_scrg_dac"]
 METHOD_LABELS = {
@@ -63,7 +68,9 @@ PAIR_SIZES = {"gpt2": "GPT-2 XL (1.5B) -> GPT-2 base (0.1B)", "opt": "OPT-6.7B -
 EMBEDDED_EVAL = {"tiny": (24, 48), "reason": (72, 56), "facts": (48, 56)}
 
 
-def _fit(pair: str, method: str, run_dir: Path, seed: int, env: dict[str, str], overrides: tuple[str, ...] = ()) -> Path:
+def _fit(
+    pair: str, method: str, run_dir: Path, seed: int, env: dict[str, str], overrides: tuple[str, ...] = ()
+) -> Path:
     """Train ``configs/<pair>/<method>.yaml`` with ``seed`` (and CLI ``overrides``) into ``run_dir``; returns
     the exported student."""
     from mgsr_lightning.cli import run_cli
@@ -210,7 +217,8 @@ def reproduce(
         for seed in train_seeds:
             run_dir = runs_root / method / f"seed{seed}"
             student = _fit(pair, method, run_dir, seed, env, _initialised_student(pair, runs_root, seed, env))
-            timings[f"{method}/seed{seed}"] = (run_dir / "train_seconds.txt").read_text().strip() if (run_dir / "train_seconds.txt").is_file() else "?"
+            seconds_file = run_dir / "train_seconds.txt"
+            timings[f"{method}/seed{seed}"] = seconds_file.read_text().strip() if seconds_file.is_file() else "?"
             runs.append(_evaluate(student, run_dir / "eval", METHOD_LABELS.get(method, method), eval_sets, eval_config))
     paths = write_report(runs, results, exact_match=embedded, title=f"ROUGE-L, {PAIR_SIZES.get(pair, pair)}")
     atomic.write_text(results / "runs.json", json.dumps({"runs": runs, "train_seconds": timings}, indent=1) + "\n")
@@ -300,8 +308,8 @@ def evaluate(
     validation.at_least("max_prompt_length", max_prompt_length, 1)
     validation.at_least("max_examples", max_examples, 1)
     if seeds is not None and not seeds:
-        raise ConfigError("seeds: give at least one sampling seed, e.g. --seeds '[10, 20, 30, 40, 50]' (the default when "
-                          "--seeds is left out)")
+        raise ConfigError("seeds: give at least one sampling seed, e.g. --seeds '[10, 20, 30, 40, 50]' "
+                          "(the default when --seeds is left out)")
     if preset is not None:
         eval_settings.preset_settings(preset)  # an unknown pair fails here, before any model is loaded
     given = {"template": template, "max_new_tokens": max_new_tokens, "max_prompt_length": max_prompt_length,
@@ -315,26 +323,33 @@ def evaluate(
                                        settings["max_prompt_length"] + settings["max_new_tokens"],
                                        "max_prompt_length + max_new_tokens")
         except ConfigError as error:
-            defaulted = [key for key in ("max_prompt_length", "max_new_tokens") if sources[key] == eval_settings.DEFAULT_SOURCE]
+            defaulted = [key for key in ("max_prompt_length", "max_new_tokens")
+                         if sources[key] == eval_settings.DEFAULT_SOURCE]
             if not defaulted:
                 raise
             raise ConfigError(
                 f"{error}; {' and '.join(defaulted)} {'is' if len(defaulted) == 1 else 'are'} MiniLLM's default, as "
-                f"neither the command line nor {Path(name) / eval_settings.TRAINING_SETTINGS} set {'it' if len(defaulted) == 1 else 'them'}: "
+                f"neither the command line nor {Path(name) / eval_settings.TRAINING_SETTINGS} set "
+                f"{'it' if len(defaulted) == 1 else 'them'}: "
                 "pass --preset <pair> (the pair the model was trained with, e.g. --preset tiny) or --max_prompt_length "
                 "and --max_new_tokens") from None
         plans.append((name, settings, sources))
     short_names = [Path(name).parent.name if Path(name).name == "hf" else Path(name).name for name in models]
     if len(set(short_names)) < len(short_names):
-        raise ConfigError(f"models: each is evaluated into out/<its folder's name>, and these share names: {short_names}")
+        raise ConfigError(
+            f"models: each is evaluated into out/<its folder's name>, and these share names: {short_names}"
+        )
     differing = [plan for plan in plans[1:] if plan[1] != plans[0][1]]
     if differing:
-        raise ConfigError(f"{differing[0][0]} would be evaluated with {differing[0][1]} but {plans[0][0]} with {plans[0][1]} "
+        raise ConfigError(f"{differing[0][0]} would be evaluated with {differing[0][1]} "
+                          f"but {plans[0][0]} with {plans[0][1]} "
                           "(their training settings differ), and their scores would not be comparable: pass --preset "
                           "or --template/--max_new_tokens/--max_prompt_length to evaluate them alike")
     for name in sets or []:
         if name not in EVAL_SETS and not Path(name).is_file():
-            raise MissingFileError(f"evaluation set not found: {name!r} is neither a file nor one of {', '.join(EVAL_SETS)}")
+            raise MissingFileError(
+                f"evaluation set not found: {name!r} is neither a file nor one of {', '.join(EVAL_SETS)}"
+            )
     validation.writable_folder("out", out)
     eval_sets = {}
     for name in sets or list(EVAL_SETS):
@@ -355,7 +370,8 @@ def evaluate(
         )
         loaded, tokenizer = _load(folder, torch.bfloat16 if torch.cuda.is_available() else torch.float32)
         model_out = Path(out) if len(plans) == 1 else Path(out) / short_name
-        evaluate_model(loaded, tokenizer, eval_sets, config, model_out, method=label or METHOD_LABELS.get(short_name, short_name))
+        evaluate_model(loaded, tokenizer, eval_sets, config, model_out,
+                       method=label or METHOD_LABELS.get(short_name, short_name))
         del loaded
         print((model_out / "table.md").read_text())
     if len(plans) > 1:
@@ -380,7 +396,8 @@ def export(checkpoint: str, out: str) -> None:
     name_or_path = student.get("name_or_path") if isinstance(student, dict) else getattr(student, "name_or_path", None)
     if name_or_path:
         found = stored_path(name_or_path, Path(checkpoint), "student")
-        overrides["student"] = {**student, "name_or_path": found} if isinstance(student, dict) else dataclasses.replace(student, name_or_path=found)
+        overrides["student"] = ({**student, "name_or_path": found} if isinstance(student, dict)
+                                else dataclasses.replace(student, name_or_path=found))
     if hparams.get("tokenizer"):
         overrides["tokenizer"] = stored_path(hparams["tokenizer"], Path(checkpoint), "tokenizer")
     module = student_only_module(saved, overrides)

@@ -34,7 +34,8 @@ def preset_settings(pair: str) -> dict[str, Any]:
     config = composed_config(pair)
     data, module = config.get("data", {}), config.get("model", {}).get("init_args", {})
     return {"template": data.get("template", "alpaca"), "max_prompt_length": data.get("max_prompt_length", 256),
-            "max_new_tokens": (module.get("sampling") or {}).get("max_new_tokens", 256), "eos_token": data.get("eos_token")}
+            "max_new_tokens": (module.get("sampling") or {}).get("max_new_tokens", 256),
+            "eos_token": data.get("eos_token")}
 
 
 def model_settings(model: str | Path) -> dict[str, Any] | None:
@@ -44,7 +45,8 @@ def model_settings(model: str | Path) -> dict[str, Any] | None:
 
 
 def resolve(model: str | Path, preset: str | None, given: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
-    """(settings, where each came from) for evaluating ``model``; ``given`` holds the command line's values (None: unset)."""
+    """(settings, where each came from) for evaluating ``model``; ``given`` holds the command line's values
+    (None: unset)."""
     layers = [(DEFAULT_SOURCE, PAPER_PROTOCOL)]
     saved = model_settings(model)
     if saved is not None:

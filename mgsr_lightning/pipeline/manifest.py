@@ -59,13 +59,13 @@ class Manifest:
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as error:
-            raise ConfigError(f"{self.path} is not valid JSON ({error.msg} at line {error.lineno}, column {error.colno}); "
-                              f"{advice}") from None
+            raise ConfigError(f"{self.path} is not valid JSON ({error.msg} at line {error.lineno}, "
+                              f"column {error.colno}); {advice}") from None
         except UnicodeDecodeError:
             raise ConfigError(f"{self.path} is not UTF-8 text; {advice}") from None
         if not isinstance(data, dict) or not all(isinstance(data.get(key, {}), dict) for key in ("files", "steps")):
-            raise ConfigError(f"{self.path} is not a manifest written by prepare (expected an object of files and steps); "
-                              f"{advice}")
+            raise ConfigError(f"{self.path} is not a manifest written by prepare "
+                              f"(expected an object of files and steps); {advice}")
         return data
 
     def _key(self, path: Path) -> str:
@@ -80,8 +80,8 @@ class Manifest:
         """Fail before writing if any of ``paths`` exists and is not this pipeline's own unchanged file."""
         foreign = [str(path) for path in paths if not self.owns(path)]
         if foreign:
-            raise ConfigError(f"{command} would overwrite {', '.join(foreign)}, which it did not write (or which changed "
-                              f"since); it never replaces files it did not write: {advice}")
+            raise ConfigError(f"{command} would overwrite {', '.join(foreign)}, which it did not write "
+                              f"(or which changed since); it never replaces files it did not write: {advice}")
 
     def record_files(self, *paths: Path) -> None:
         for path in paths:
@@ -94,8 +94,8 @@ class Manifest:
     def check_step_output(self, name: str, output: Path, advice: str) -> None:
         """Fail if ``output`` exists but no step of this pipeline recorded making it (someone's own folder)."""
         if output.exists() and name not in self.steps:
-            raise ConfigError(f"{output} exists but was not made by this command, so it is neither reused nor replaced: "
-                              f"{advice}")
+            raise ConfigError(f"{output} exists but was not made by this command, "
+                              f"so it is neither reused nor replaced: {advice}")
 
     def record_step(self, name: str, step_fingerprint: str, summary: dict[str, Any]) -> None:
         self.steps[name] = {"fingerprint": step_fingerprint, "summary": summary}

@@ -13,9 +13,10 @@ fills one folder (the *root*, which ``configs/tiny`` reads through ``MGSR_TINY_D
   (``fit --config configs/<pair>/<method>.yaml --config <root>/init_student.yaml``);
 
 and says what it did: rows per split and how many fit the config's length limits, the tokenizer's
-vocabulary, the teacher's and the initial student's steps and validation ROUGE-L. Each step records the fingerprint of its
-inputs in ``prepared.json`` (:mod:`mgsr_lightning.pipeline.manifest`) and is reused only when they
-match; a file or folder in the root that the command did not write is never replaced.
+vocabulary, the teacher's and the initial student's steps and validation ROUGE-L. Each step records
+the fingerprint of its inputs in ``prepared.json`` (:mod:`mgsr_lightning.pipeline.manifest`) and is
+reused only when they match; a file or folder in the root that the command did not write is never
+replaced.
 """
 
 from __future__ import annotations
@@ -86,7 +87,9 @@ def train_tokenizer(
     at_least("vocab_size", vocab_size, 258)  # the 256 byte symbols and two special tokens
     at_least("model_max_length", model_max_length, 1)
     if template == "chat":
-        raise ConfigError("template: 'chat' renders prompts with a tokenizer's chat template; train with 'plain' or 'alpaca'")
+        raise ConfigError(
+            "template: 'chat' renders prompts with a tokenizer's chat template; train with 'plain' or 'alpaca'"
+        )
     source = Path(data)
     if source.is_dir():
         source = source / "train.jsonl"
@@ -95,7 +98,9 @@ def train_tokenizer(
     folder = Path(out)
     if folder.is_file() or (folder.is_dir() and any(folder.iterdir())
                             and not any((folder / name).is_file() for name in TOKENIZER_FILES)):
-        raise ConfigError(f"out: {folder} holds other files; give a new or empty folder (a tokenizer folder is replaced)")
+        raise ConfigError(
+            f"out: {folder} holds other files; give a new or empty folder (a tokenizer folder is replaced)"
+        )
     writable_folder("out", folder)
     records = read_jsonl(source)
     size = _train_bpe(records, vocab_size, template, model_max_length, folder)
@@ -108,7 +113,8 @@ def _input_files(data: str | None, train: str | None, validation_file: str | Non
     given = {"train": train, "validation": validation_file, "test": test}
     if data is None and None in given.values():
         missing = ", ".join(f"--{split}" for split, path in given.items() if path is None)
-        raise ConfigError(f"prepare needs your train, validation and test JSONL files: --data DIR (holding train.jsonl, "
+        raise ConfigError("prepare needs your train, validation and test JSONL files: "
+                          "--data DIR (holding train.jsonl, "
                           f"validation.jsonl and test.jsonl) or --train/--validation/--test; missing: {missing}")
     files = {}
     for split in SPLITS:
@@ -122,7 +128,8 @@ def _input_files(data: str | None, train: str | None, validation_file: str | Non
             path = next((candidate for candidate in candidates if candidate.is_file()), candidates[0])
         if not path.is_file():
             raise MissingFileError(f"{split} data not found: {path}" + (
-                f" (--data needs {' or '.join(SPLIT_FILE_NAMES[split])} in {data}, or give --{split})" if given[split] is None else ""))
+                f" (--data needs {' or '.join(SPLIT_FILE_NAMES[split])} in {data}, or give --{split})"
+                if given[split] is None else ""))
         files[split] = path.resolve()
     return files
 
@@ -230,7 +237,8 @@ def init_config_name(pair: str) -> str:
 def _train_init_student(pair: str, root: Path, steps: int | None) -> dict[str, Any]:
     """SFT of the pair's student (:func:`init_config_name`) into ``root/init``, logged under ``root/runs/init``."""
     name = init_config_name(pair)
-    overrides = [*_step_overrides(composed_config(pair, name), steps), f"--trainer.default_root_dir={root / 'runs' / 'init'}",
+    overrides = [*_step_overrides(composed_config(pair, name), steps),
+                 f"--trainer.default_root_dir={root / 'runs' / 'init'}",
                  f"--trainer.logger.init_args.save_dir={root / 'runs'}", "--trainer.logger.init_args.name=init",
                  f"--model.init_args.export_dir={root / 'init'}"]
     return _sft(pair, name, root, overrides)
@@ -289,7 +297,9 @@ def prepare(
         pair: ``tiny`` (4-layer teacher, 2-layer student, short answers), ``reason`` or ``facts`` (longer answers).
     """
     if pair not in ROOT_ENVS:
-        raise ConfigError(f"pair: prepare fills the folder of an embedded pair's configs; pairs: {', '.join(ROOT_ENVS)}")
+        raise ConfigError(
+            f"pair: prepare fills the folder of an embedded pair's configs; pairs: {', '.join(ROOT_ENVS)}"
+        )
     at_least("vocab_size", vocab_size, 258)
     at_least("teacher_steps", teacher_steps, 1)
     at_least("init_steps", init_steps, 1)
@@ -312,14 +322,16 @@ def prepare(
                       vocab_size or DEFAULT_VOCAB[pair], base["data"].get("template", "alpaca"),
                       base["model"]["init_args"]["student"]["config"]["n_positions"])
     planned = _planned_tokenizer(*tokenizer_args)  # in memory: nothing is written before the rows are known to fit
-    counted = {split: _fits(records[split], planned, data_config, data_config["max_length"] if split != "test" else None,
-                            split) for split in SPLITS}
+    counted = {split: _fits(records[split], planned, data_config,
+                            data_config["max_length"] if split != "test" else None, split)
+               for split in SPLITS}
     _check_some_rows_fit(pair, files, records, {split: stats for split, (_, stats) in counted.items()}, data_config,
                          tokenizer is None)
     fits = {split: kept for split, (kept, _) in counted.items()}
     data_hashes = _copy_data(files, root, manifest)
     tokenizer_fingerprint, tokenizer_summary, tokenizer_note = _tokenizer_step(*tokenizer_args, planned=planned)
-    teacher_summary, teacher_note = _teacher_step(root, manifest, pair, tokenizer_fingerprint, data_hashes, teacher_steps)
+    teacher_summary, teacher_note = _teacher_step(root, manifest, pair, tokenizer_fingerprint, data_hashes,
+                                                  teacher_steps)
     init_summary, init_note = _init_step(root, manifest, pair, tokenizer_fingerprint, data_hashes, init_steps)
     _print_summary(pair, root, files, records, fits, data_config, tokenizer_summary, tokenizer_note, teacher_summary,
                    teacher_note, init_summary, init_note, _overlap_warnings(files, records))
@@ -387,7 +399,8 @@ def _tokenizer_step(root: Path, manifest: Manifest, train_records: list[dict[str
     from mgsr_lightning.tokenizer import load_tokenizer
 
     summary = {"vocab_size": len(load_tokenizer(str(tokenizer_dir))),
-               "source": str(Path(given).resolve()) if given else f"byte-level BPE trained on the {len(train_records)} training rows"}
+               "source": str(Path(given).resolve()) if given
+               else f"byte-level BPE trained on the {len(train_records)} training rows"}
     manifest.record_step("tokenizer", step_fingerprint, summary)
     manifest.save()
     return step_fingerprint, summary, "new"
@@ -432,7 +445,8 @@ def _init_step(root: Path, manifest: Manifest, pair: str, tokenizer_fingerprint:
     summary = {**_train_init_student(pair, root, steps), "config": f"configs/{pair}/{name}.yaml"}
     atomic.write_text(pointer, (
         f"# Written by `prepare`: start the student from the SFT-initialised one in {init_dir}\n"
-        f"# ({summary['steps']} steps of {summary['config']} on {root / 'data' / 'train.jsonl'}), as DistiLLM, MiniLLM\n"
+        f"# ({summary['steps']} steps of {summary['config']} on {root / 'data' / 'train.jsonl'}), "
+        "as DistiLLM, MiniLLM\n"
         f"# and ABKD distil. Give it after the method's config:\n"
         f"#   python -m mgsr_lightning fit --config configs/{pair}/<method>.yaml --config {pointer}\n"
         f"model:\n  init_args:\n    student: {{name_or_path: {json.dumps(str(init_dir))}, config: null}}\n"))
@@ -448,7 +462,8 @@ def _print_summary(pair, root, files, records, fits, data_config, tokenizer_summ
               f"(configs/{pair}/base.yaml)")
     lines = [f"prepared {root} for distillation on your data ({pair} pair):", "  data (your files are only read):"]
     for split in SPLITS:
-        lines.append(f"    {split:<10} {len(records[split]):>6} rows, {fits[split]:>6} within the length limits  <- {files[split]}")
+        lines.append(f"    {split:<10} {len(records[split]):>6} rows, {fits[split]:>6} within the length limits  "
+                     f"<- {files[split]}")
     lines.append(f"    length limits: {limits}")
     if any(fits[split] < len(records[split]) for split in SPLITS):
         lines.append("    rows over the limits are left out of training and evaluation; to keep them raise "
@@ -457,10 +472,12 @@ def _print_summary(pair, root, files, records, fits, data_config, tokenizer_summ
     lines.append(f"  tokenizer: vocabulary {tokenizer_summary['vocab_size']}, {tokenizer_summary['source']} "
                  f"({tokenizer_note})")
     rouge = teacher_summary.get("best_val_rougeL")
-    lines.append(f"  teacher: {teacher_summary['parameters'] / 1e6:.2f} M parameters, {teacher_summary['steps']} SFT steps"
+    lines.append(f"  teacher: {teacher_summary['parameters'] / 1e6:.2f} M parameters, "
+                 f"{teacher_summary['steps']} SFT steps"
                  f"{'' if rouge is None else f', best validation ROUGE-L {rouge:.2f}'} ({teacher_note})")
     rouge = init_summary.get("best_val_rougeL")
-    lines.append(f"  initial student: {init_summary['parameters'] / 1e6:.2f} M parameters, {init_summary['steps']} SFT steps "
+    lines.append(f"  initial student: {init_summary['parameters'] / 1e6:.2f} M parameters, "
+                 f"{init_summary['steps']} SFT steps "
                  f"of {init_summary['config']}{'' if rouge is None else f', best validation ROUGE-L {rouge:.2f}'} "
                  f"({init_note}); every method starts from it with --config {root / INIT_STUDENT_CONFIG}")
     lines += ["next:", f"  export {ROOT_ENVS[pair]}={root}",

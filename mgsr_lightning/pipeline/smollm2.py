@@ -67,7 +67,8 @@ def convert_gguf(gguf: Path, folder: Path) -> Path:
     if end_of_turn is None or end_of_turn == tokenizer.unk_token_id:
         raise LoadError(f"{gguf.name}'s tokenizer has no {END_OF_TURN} token")
     if tokenizer.eos_token != END_OF_TURN:
-        log.info("the GGUF tokenizer's EOS is %r; setting it to %s, the chat's end of turn", tokenizer.eos_token, END_OF_TURN)
+        log.info("the GGUF tokenizer's EOS is %r; setting it to %s, the chat's end of turn",
+                 tokenizer.eos_token, END_OF_TURN)
     tokenizer.eos_token = END_OF_TURN
     tokenizer.pad_token = END_OF_TURN
     model.hf_quantizer.remove_quantization_config(model)  # dequantised already; lets save_pretrained run
@@ -115,6 +116,7 @@ def prepare_smollm2(
         convert_gguf(source, teacher_dir)
     if force or not (data_dir / "test.jsonl").is_file():
         requested = {"train": train_size, "validation": validation_size, "test": test_size}
-        write_reason_dataset(data_dir, {split: requested[split] or DEFAULT_SIZES[split] for split in DEFAULT_SIZES}, seed)
+        sizes = {split: requested[split] or DEFAULT_SIZES[split] for split in DEFAULT_SIZES}
+        write_reason_dataset(data_dir, sizes, seed)
         log.info("wrote the multi-step task to %s", data_dir)
     return root

@@ -40,7 +40,9 @@ def find_metrics(paths: Sequence[str]) -> list[Path]:
                 raise MissingFileError(f"no metrics.json under {path}: give folders written by `evaluate`")
             found += inside
         else:
-            raise MissingFileError(f"runs: {validation.describe_missing(path)} (give `evaluate` output folders or their metrics.json)")
+            raise MissingFileError(
+                f"runs: {validation.describe_missing(path)} (give `evaluate` output folders or their metrics.json)"
+            )
     return list(dict.fromkeys(found))
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from mgsr_lightning import validation
 from mgsr_lightning.data.knowledge_tasks import write_facts_dataset
-from mgsr_lightning.data.records import read_jsonl
 from mgsr_lightning.data.reasoning_tasks import write_reason_dataset
+from mgsr_lightning.data.records import read_jsonl
 from mgsr_lightning.data.templates import render_prompt
 from mgsr_lightning.data.tiny_tasks import write_tiny_dataset
 from mgsr_lightning.pipeline.manifest import Manifest
@@ -116,8 +116,8 @@ def write_generated_data(root: Path, pair: str, write_dataset, requested: dict, 
     manifest = Manifest(root)
     paths = [root / "data" / f"{split}.jsonl" for split in sizes]
     manifest.check_overwritable(*paths, command="prepare-tiny", advice=(
-        f"to distil on your own data use `python -m mgsr_lightning prepare --data DIR --out {root}-own`; to generate the "
-        f"{pair} dataset here, move those files away first"))
+        f"to distil on your own data use `python -m mgsr_lightning prepare --data DIR --out {root}-own`; "
+        f"to generate the {pair} dataset here, move those files away first"))
     write_dataset(root / "data", {split: requested[split] or sizes[split] for split in sizes}, seed)
     manifest.record_files(*paths)
     manifest.save()
