@@ -43,8 +43,8 @@ Run `python -m mgsr_lightning <command> --help` for the options of a command. Er
 given are reported in one line; --debug (or MGSR_DEBUG=1) shows the traceback.
 """
 LIGHTNING_COMMANDS = ("fit", "validate", "test", "predict")
-PIPELINE_COMMANDS = ("prepare", "prepare-tiny", "prepare-smollm2", "train-tokenizer", "demo", "evaluate", "table", "export",
-                     "reproduce")
+PIPELINE_COMMANDS = ("prepare", "prepare-tiny", "prepare-smollm2", "train-tokenizer", "demo", "evaluate", "table",
+                     "export", "reproduce")
 
 
 def _pipeline_commands():

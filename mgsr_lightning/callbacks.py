@@ -1,4 +1,5 @@
-"""The module's own callbacks and their config (added by ``DistillLightningModule.configure_callbacks`` from its init args).
+"""The module's own callbacks and their config (added by ``DistillLightningModule.configure_callbacks`` from its
+init args).
 
 - ``GenerationMetrics``: ROUGE-L and exact match of sampled responses, on the first
   ``validation.rouge_examples`` validation examples and on the whole test split; at the end of fit, the
@@ -172,7 +173,8 @@ class GenerationMetrics(L.Callback):
         if message is not None:
             rank_zero_warn(message, category=ValidationCollapseWarning)
         last_step, (_, unended) = curve[-1]
-        budget = pl_module.decoding.with_max_new_tokens(pl_module.validation_config.max_new_tokens).sampling.max_new_tokens
+        decoding = pl_module.decoding.with_max_new_tokens(pl_module.validation_config.max_new_tokens)
+        budget = decoding.sampling.max_new_tokens
         message = unended_message(unended, last_step, budget)
         if message is not None:
             rank_zero_warn(message, category=SamplesNeverEndWarning)

@@ -201,7 +201,8 @@ class DistillCLI(LightningCLI):
         try:
             super().parse_arguments(parser, args)
         except ArgumentError as error:
-            raise ConfigError(self._parser_error_line(parser, list(sys.argv[1:] if args is None else args), str(error))) from None
+            argv = list(sys.argv[1:] if args is None else args)
+            raise ConfigError(self._parser_error_line(parser, argv, str(error))) from None
         # checked here, before LightningCLI seeds, prints or instantiates anything
         subcommand = self.config.get("subcommand")
         check_run_config(self.config[subcommand] if subcommand else self.config, subcommand or "fit")
@@ -214,7 +215,8 @@ class DistillCLI(LightningCLI):
         dests = [dest for dest in dests if dest not in ("help", "print_shtab")]
 
         def options_under(prefix: str) -> list[str]:
-            inner = [dest[len(prefix) + 1 :] if prefix else dest for dest in dests if not prefix or dest.startswith(prefix + ".")]
+            inner = [dest[len(prefix) + 1 :] if prefix else dest for dest in dests
+                     if not prefix or dest.startswith(prefix + ".")]
             return sorted({dest.split(".")[0] for dest in inner if dest})
 
         files = _config_files(argv)
@@ -228,7 +230,8 @@ class DistillCLI(LightningCLI):
         if files and line.startswith("config is not valid YAML"):
             line = ", ".join(map(str, files)) + line[len("config") :]
         if subcommand is not None and not files and "--help" not in argv and "-h" not in argv:
-            return f"`{subcommand}` needs a config: pass --config configs/<pair>/<method>.yaml (e.g. --config configs/tiny/sft.yaml); {line}"
+            return (f"`{subcommand}` needs a config: pass --config configs/<pair>/<method>.yaml "
+                    f"(e.g. --config configs/tiny/sft.yaml); {line}")
         return line
 
     def before_instantiate_classes(self) -> None:
@@ -264,7 +267,8 @@ class DistillCLI(LightningCLI):
             init = getattr(logger, "init_args", None)
             if init is None or getattr(init, "version", "unset") is not None:
                 continue
-            root = Path(getattr(init, "save_dir", None) or config.trainer.default_root_dir or ".") / (getattr(init, "name", "") or "")
+            save_dir = getattr(init, "save_dir", None) or config.trainer.default_root_dir or "."
+            root = Path(save_dir) / (getattr(init, "name", "") or "")
             if root.resolve() == version_dir.parent:
                 init.version = version_dir.name
                 self._resume_step = int(check_checkpoint(ckpt_path).get("global_step", 0))
@@ -296,7 +300,8 @@ def _interrupted_line(trainer: Trainer) -> str:
 
     with contextlib.suppress(ValueError):  # Lightning ignores further Ctrl-C while it shuts down; restore it
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    folders = {Path(callback.dirpath) for callback in trainer.checkpoint_callbacks if getattr(callback, "dirpath", None)}
+    folders = {Path(callback.dirpath) for callback in trainer.checkpoint_callbacks
+               if getattr(callback, "dirpath", None)}
     saved = [path for folder in folders for path in folder.glob("*.ckpt") if not path.name.startswith(".")]
     line = f"fit interrupted (Ctrl-C) at step {trainer.global_step}"
     if not saved:
@@ -321,7 +326,8 @@ def _keep_logged_rows(logger: CSVLogger, resume_step: int) -> None:
         rows = list(reader)
         header = list(reader.fieldnames or [])
     experiment = logger.experiment  # opening the folder removes the old file
-    kept = [{k: v for k, v in row.items() if v != ""} for row in rows if row.get("step", "").isdigit() and int(row["step"]) < resume_step]
+    kept = [{k: v for k, v in row.items() if v != ""} for row in rows
+            if row.get("step", "").isdigit() and int(row["step"]) < resume_step]
     experiment.metrics = kept + experiment.metrics
     experiment.metrics_keys = sorted(set(header) | set(experiment.metrics_keys))
 

@@ -222,7 +222,8 @@ def condense_parser_error(message: str, options_under: Callable[[str], list[str]
             hint = ""
             if given.group(1) == "None":  # jsonargparse reads a nested `--a.b=null` as the string "None"
                 parent, _, leaf = key.rpartition(".")
-                hint = f"; to unset it from the command line, give its parent one JSON value: --{parent}='{{\"{leaf}\": null, ...}}'"
+                hint = ("; to unset it from the command line, give its parent one JSON value: "
+                        f"--{parent}='{{\"{leaf}\": null, ...}}'")
             return f"{key}: expected {union}, got {given.group(1)!r}{hint}"
         expected = re.match(r"(?:- )?Expected a (.+)\. Got value: (.*)", line)
         if expected and expected.group(2) == "None" and path:

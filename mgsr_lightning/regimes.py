@@ -13,9 +13,10 @@ Each regime turns the current ground-truth batch into the step's *training seque
 "Fresh student outputs" come from a callable supplied by the module (the rollout step: sample, then
 SCRG when it is on), so every regime runs with or without SCRG. A regime returns
 ``TrainingSequences``: the sequences, their source, and the teacher logits and metrics the rollout
-step computed on exactly those sequences (none for ground truth, replay or cached teacher outputs). Random draws come from a generator owned by the
-regime, and its state, the threshold and the replay buffer are all in :meth:`state_dict`, so a
-resumed run makes the same choices an uninterrupted one would.
+step computed on exactly those sequences (none for ground truth, replay or cached teacher outputs).
+Random draws come from a generator owned by the regime, and its state, the threshold and the replay
+buffer are all in :meth:`state_dict`, so a resumed run makes the same choices an uninterrupted one
+would.
 """
 
 from __future__ import annotations
@@ -194,7 +195,9 @@ class AdaptiveOffPolicy(Regime):
         if draw < self.threshold:
             picks = torch.randint(len(self.buffer), (ground_truth.prompt_ids.shape[0],), generator=self.generator)
             prompts, responses = zip(*(self.buffer[i] for i in picks.tolist()))
-            replayed = Rollout.from_token_lists(prompts, responses, pad_token_id=self.pad_token_id, device=ground_truth.device)
+            replayed = Rollout.from_token_lists(
+                prompts, responses, pad_token_id=self.pad_token_id, device=ground_truth.device
+            )
             return TrainingSequences(replayed, "replay")
         return TrainingSequences(ground_truth, "ground_truth")
 
@@ -215,7 +218,8 @@ class AdaptiveOffPolicy(Regime):
 
     def state_dict(self) -> dict[str, Any]:
         return dict(
-            super().state_dict(), threshold=self.threshold, previous_val_loss=self.previous_val_loss, buffer=list(self.buffer)
+            super().state_dict(), threshold=self.threshold, previous_val_loss=self.previous_val_loss,
+            buffer=list(self.buffer),
         )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -274,7 +278,8 @@ class TeacherGenerated(Regime):
         share = examples[rank::world_size]
         n_batches = -(-len(examples) // (batch_size * world_size))  # the same on every rank
         responses: dict[int, list[int]] = {}
-        for start in tqdm(range(0, n_batches * batch_size, batch_size), desc="teacher responses (SeqKD)", disable=rank != 0):
+        starts = range(0, n_batches * batch_size, batch_size)
+        for start in tqdm(starts, desc="teacher responses (SeqKD)", disable=rank != 0):
             chunk = share[start : start + batch_size] or share[-1:]  # a rank out of examples repeats one
             for example, response in zip(chunk, generate(chunk)):
                 responses[example.index] = list(response)
@@ -292,7 +297,9 @@ class TeacherGenerated(Regime):
             raise RuntimeError(f"no cached teacher response for training examples {missing[:5]}; rebuild the cache")
         prompts, _ = ground_truth.to_token_lists()
         responses = [self.responses[i] for i in indices]
-        sequences = Rollout.from_token_lists(prompts, responses, pad_token_id=self.pad_token_id, device=ground_truth.device)
+        sequences = Rollout.from_token_lists(
+            prompts, responses, pad_token_id=self.pad_token_id, device=ground_truth.device
+        )
         return TrainingSequences(sequences, "teacher")
 
 

@@ -66,8 +66,10 @@ class ExportLock:
                 handle = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
                 holder = self._holder()
-                if holder.get("host") == payload["host"] and isinstance(holder.get("pid"), int) and not _alive(holder["pid"]):
-                    log.info("taking over %s, left by a run that ended without removing it (pid %d)", self.path, holder["pid"])
+                if (holder.get("host") == payload["host"] and isinstance(holder.get("pid"), int)
+                        and not _alive(holder["pid"])):
+                    log.info("taking over %s, left by a run that ended without removing it (pid %d)",
+                             self.path, holder["pid"])
                     self.path.unlink(missing_ok=True)
                     continue
                 self._remove_created()

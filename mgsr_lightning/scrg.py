@@ -46,9 +46,15 @@ from torch import Tensor, nn
 
 from mgsr_lightning.batch import Rollout, pack_tokens
 from mgsr_lightning.distributed import any_rank
-from mgsr_lightning.error_search import CRITERIA, DIFFERENCES, ErrorPositions, find_error_positions, token_nll
+from mgsr_lightning.error_search import CRITERIA, DIFFERENCES, ErrorPositions, find_error_positions
 from mgsr_lightning.generation import (
-    Decoding, eval_mode, realigned_cache, response_logits, response_logits_and_cache, response_logits_from_prefix, sample,
+    Decoding,
+    eval_mode,
+    realigned_cache,
+    response_logits,
+    response_logits_and_cache,
+    response_logits_from_prefix,
+    sample,
     token_id_tensor,
 )
 from mgsr_lightning.losses import response_cross_entropy
@@ -171,7 +177,8 @@ def revise(
         for round_index in range(config.n_corrections):
             teacher_cache = None
             if reuse_teacher_cache:
-                teacher_logits, teacher_cache = response_logits_and_cache(teacher, rollout, decoding.vocab_size)  # [B, R, V]
+                # [B, R, V]
+                teacher_logits, teacher_cache = response_logits_and_cache(teacher, rollout, decoding.vocab_size)
             else:
                 teacher_logits = response_logits(teacher, rollout, decoding.vocab_size)  # [B, R, V]
             student_cache = None
@@ -201,7 +208,9 @@ def revise(
                 final_teacher_logits = teacher_logits
                 break
             round_seeds = derive_seeds(seeds, round_index, "regenerate") if seeds is not None else None
-            rollout, regenerated = _correct_and_regenerate(student, rollout, errors, decoding, round_seeds, student_cache)
+            rollout, regenerated = _correct_and_regenerate(
+                student, rollout, errors, decoding, round_seeds, student_cache
+            )
             del student_cache
             corrected |= errors.has_error
             regenerated_tokens += regenerated
@@ -287,7 +296,8 @@ def _correct_and_regenerate(
         )  # [N, L], L = the longest prompt + corrected prefix
         cache = None
         if student_cache is not None and context_ids.size(1) > 1:
-            cache = realigned_cache(student_cache, rows, _cached_columns(rollout.prompt_mask, keep, rows, context_ids.size(1) - 1))
+            cached_columns = _cached_columns(rollout.prompt_mask, keep, rows, context_ids.size(1) - 1)
+            cache = realigned_cache(student_cache, rows, cached_columns)
         continuation = sample(
             student, context_ids, context_mask, decoding, seeds=seeds[rows] if seeds is not None else None,
             max_length=caps, cache=cache,

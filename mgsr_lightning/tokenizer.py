@@ -68,7 +68,8 @@ def load_tokenizer(name_or_path: str, gguf_file: str | None = None):
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
     except (OSError, ValueError) as error:
         raise LoadError(
-            f"could not load a tokenizer from {name_or_path!r}: {str(error).splitlines()[0] if str(error) else error!r}. "
+            f"could not load a tokenizer from {name_or_path!r}: "
+            f"{str(error).splitlines()[0] if str(error) else error!r}. "
             "Give a folder written by `save_pretrained` (e.g. the one `python -m mgsr_lightning prepare-tiny` "
             "writes) or a hub id reachable from this machine."
         ) from error

@@ -77,7 +77,9 @@ def writable_folder(name: str, folder: str | Path | None) -> None:
         os.close(handle)
         os.unlink(probe)
     except OSError as error:
-        raise UserError(f"{name}: cannot write in {existing} ({error.strerror or error}); choose a writable folder") from None
+        raise UserError(
+            f"{name}: cannot write in {existing} ({error.strerror or error}); choose a writable folder"
+        ) from None
 
 
 def model_output_folder(name: str, folder: str | Path | None) -> None:
@@ -235,7 +237,8 @@ def check_model_args(init: Any, prefix: str = "model.init_args") -> None:
         name_or_path, config = _get(init, f"{role}.name_or_path"), _get(init, f"{role}.config")
         if name_or_path and config:
             raise ConfigError(
-                f"{prefix}.{role} has both name_or_path ({name_or_path}) and config: a config builds a randomly initialised "
+                f"{prefix}.{role} has both name_or_path ({name_or_path}) and config: "
+                "a config builds a randomly initialised "
                 f"model, so the weights of {name_or_path} would not be loaded. To load them, unset config: "
                 f"""--{prefix}.{role}='{{"name_or_path": "{name_or_path}", "config": null}}' (in a config file: """
                 "`config: null`); to build from the config, unset name_or_path")

@@ -188,7 +188,9 @@ class InstructionDataModule(L.LightningDataModule):
             max_length=h.max_length, max_prompt_length=h.max_prompt_length, overlong=h.overlong, name=name,
         )
         if not examples:
-            raise ConfigError(f"no {name} rows left after the length policy ({stats}); raise max_length/max_prompt_length")
+            raise ConfigError(
+                f"no {name} rows left after the length policy ({stats}); raise max_length/max_prompt_length"
+            )
         self.length_stats[name] = stats
         return EncodedDataset(examples, records)
 
@@ -203,7 +205,8 @@ class InstructionDataModule(L.LightningDataModule):
             else:
                 if h.val_size <= 0 or h.val_size >= len(train_records):
                     raise ConfigError(
-                        f"set `val_data`, or `val_size` between 1 and {len(train_records) - 1} to hold out training rows"
+                        f"set `val_data`, or `val_size` between 1 and {len(train_records) - 1} "
+                        "to hold out training rows"
                     )
                 val_records, train_records = train_records[: h.val_size], train_records[h.val_size :]
             if h.max_train_examples:

@@ -51,7 +51,8 @@ def _chain_arithmetic(rng: random.Random) -> Example:
             lines.append(f"{value} {verb} {n} is {result}.")
         else:
             verb = "Adding" if op == "+" else "Subtracting"
-            lines.append(f"{verb} {n} to {value} gives {result}." if op == "+" else f"{verb} {n} from {value} gives {result}.")
+            lines.append(f"{verb} {n} to {value} gives {result}." if op == "+"
+                         else f"{verb} {n} from {value} gives {result}.")
         value = result
     ending = rng.choice([f"The result is {value}.", f"So the answer is {value}.", f"Final value: {value}."])
     return {"instruction": instruction, "input": context, "output": " ".join(lines) + " " + ending}
@@ -102,7 +103,8 @@ def _list_transform(rng: random.Random) -> Example:
         "Apply the steps to the list in order, showing the list after each.",
         "Transform the list step by step.", "Carry out each step on the list and show the result.",
     ])
-    context = f"List: {', '.join(map(str, numbers))}. Steps: " + ", then ".join(LIST_INSTRUCTIONS[n] for n in names) + "."
+    context = (f"List: {', '.join(map(str, numbers))}. Steps: "
+               + ", then ".join(LIST_INSTRUCTIONS[n] for n in names) + ".")
     style = rng.randrange(3)
     lines = []
     for name in names:
@@ -111,7 +113,8 @@ def _list_transform(rng: random.Random) -> Example:
         shown = ", ".join(map(str, numbers))
         label = labels[style]
         lines.append(f"{label.capitalize()}: {shown}." if style != 2 else f"{label.capitalize()} we get {shown}.")
-    ending = rng.choice([f"Final list: {', '.join(map(str, numbers))}.", f"The result is {', '.join(map(str, numbers))}."])
+    ending = rng.choice([f"Final list: {', '.join(map(str, numbers))}.",
+                         f"The result is {', '.join(map(str, numbers))}."])
     return {"instruction": instruction, "input": context, "output": " ".join(lines) + " " + ending}
 
 
@@ -120,7 +123,8 @@ WORD_STEPS: dict[str, tuple[str, list[str], Callable[[str], str]]] = {
     "upper": ("make it uppercase", ["in capitals", "uppercased"], str.upper),
     "drop_first": ("drop the first letter", ["without the first letter", "minus its first letter"], lambda w: w[1:]),
     "drop_last": ("drop the last letter", ["without the last letter", "minus its last letter"], lambda w: w[:-1]),
-    "double_first": ("repeat the first letter", ["with the first letter repeated", "first letter doubled"], lambda w: w[:1] + w),
+    "double_first": ("repeat the first letter", ["with the first letter repeated", "first letter doubled"],
+                     lambda w: w[:1] + w),
 }
 
 
@@ -228,9 +232,11 @@ def _sort_explain(rng: random.Random) -> Example:
     numbers = rng.sample(range(1, 99), rng.randint(4, 5))
     descending = rng.random() < 0.5
     instruction = (
-        rng.choice(["Sort the numbers from largest to smallest, one at a time.", "Order these from high to low, step by step."])
+        rng.choice(["Sort the numbers from largest to smallest, one at a time.",
+                    "Order these from high to low, step by step."])
         if descending else
-        rng.choice(["Sort the numbers from smallest to largest, one at a time.", "Order these from low to high, step by step."])
+        rng.choice(["Sort the numbers from smallest to largest, one at a time.",
+                    "Order these from low to high, step by step."])
     )
     context = ", ".join(map(str, numbers))
     remaining, picked, lines = list(numbers), [], []

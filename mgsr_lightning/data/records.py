@@ -65,7 +65,8 @@ def normalize_row(row: Any, where: str) -> dict[str, Any]:
 
 
 def _json_type(value: Any) -> str:
-    names = {type(None): "null", bool: "a boolean", int: "a number", float: "a number", list: "a list", dict: "an object"}
+    names = {type(None): "null", bool: "a boolean", int: "a number", float: "a number", list: "a list",
+             dict: "an object"}
     return names.get(type(value), type(value).__name__)
 
 

@@ -115,10 +115,12 @@ def _last_item(rng: random.Random) -> Example:
     first = rng.random() < 0.5
     instruction = rng.choice(
         ["What is the first item in the list?", "Which item comes first in this list?", "Name the first element."]
-        if first else ["What is the last item in the list?", "Which item comes last in this list?", "Name the final element."]
+        if first
+        else ["What is the last item in the list?", "Which item comes last in this list?", "Name the final element."]
     )
     answer = items[0] if first else items[-1]
-    return {"instruction": instruction, "input": text, "output": f"The {'first' if first else 'last'} item is {answer}."}
+    return {"instruction": instruction, "input": text,
+            "output": f"The {'first' if first else 'last'} item is {answer}."}
 
 
 def _compare(rng: random.Random) -> Example:

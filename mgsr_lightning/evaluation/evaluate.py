@@ -48,12 +48,12 @@ from mgsr_lightning.atomic import atomic_path, write_text
 from mgsr_lightning.data.collate import InstructionCollator
 from mgsr_lightning.data.datamodule import encode_records
 from mgsr_lightning.data.templates import PromptTemplate
+from mgsr_lightning.distributed import gather_per_rank, rank_and_world_size
 from mgsr_lightning.errors import ConfigError
 from mgsr_lightning.evaluation.metrics import MeanScore
 from mgsr_lightning.evaluation.readers import EVAL_SETS
 from mgsr_lightning.evaluation.report import format_table1
 from mgsr_lightning.evaluation.rouge import as_references, exact_match, rouge_l
-from mgsr_lightning.distributed import gather_per_rank, rank_and_world_size
 from mgsr_lightning.generation import Decoding, SamplingConfig, decode_responses, sample
 from mgsr_lightning.seeding import SEED_STRIDE, example_seeds
 from mgsr_lightning.tokenizer import token_id
@@ -201,7 +201,8 @@ def evaluate_model(
                 progress.update()
             for metric in SCORED_METRICS:
                 per_seed[metric].append(float(means[metric].compute()))  # synced across ranks
-        rows = sorted([row for part in gather_per_rank(rows) for row in part], key=lambda row: (row["seed"], row["index"]))
+        rows = sorted([row for part in gather_per_rank(rows) for row in part],
+                      key=lambda row: (row["seed"], row["index"]))
         generations += rows
         set_result: dict[str, Any] = {"display_name": EVAL_SETS[name].display_name if name in EVAL_SETS else name}
         for metric, values in per_seed.items():

@@ -116,8 +116,8 @@ def exposure_bias(
         student, teacher: causal LMs sharing a tokenizer (``decoding.vocab_size`` cuts padded vocabularies).
         prompts: batches of ``(prompt_ids [B, P] left-padded, prompt_mask [B, P] bool)``.
         decoding: sampling and special ids for both models' generations (MiniLLM: do_sample, top_p 1,
-            temperature 1); ``decoding.sampling.max_new_tokens`` is L, the length of the curves. Greedy decoding gives one
-            deterministic response per prompt (``samples`` then only repeats it).
+            temperature 1); ``decoding.sampling.max_new_tokens`` is L, the length of the curves. Greedy decoding
+            gives one deterministic response per prompt (``samples`` then only repeats it).
         samples: responses per prompt and model.
         seed: the per-prompt sampling seeds are drawn from a generator seeded with it.
         chunk_size: positions per chunk of the KL, bounding its memory.
