@@ -14,9 +14,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest
 import torch
+from tiny_models import build_tiny_model
 
 from mgsr_lightning.tokenizer import train_bpe_tokenizer
-from tiny_models import build_tiny_model
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.",

@@ -14,8 +14,8 @@ from mgsr_lightning.cli import load_config_text, run_cli
 from mgsr_lightning.scrg import ScrgConfig
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-PAIRS = {"tiny": "gpt2", "reason": "gpt2", "facts": "gpt2", "gpt2": "gpt2", "opt": "opt", "openllama2": "llama", "llama2": "llama",
-         "smollm2": "llama"}
+PAIRS = {"tiny": "gpt2", "reason": "gpt2", "facts": "gpt2", "gpt2": "gpt2", "opt": "opt", "openllama2": "llama",
+         "llama2": "llama", "smollm2": "llama"}
 RUNNABLE = sorted(p for pair in PAIRS for p in (CONFIGS / pair).glob("*.yaml") if p.stem != "base")
 EXPECTED_METHODS = {
     "sft", "kd", "seqkd", "rkl", "jsd", "tvd", "imitkd", "gkd", "distillm", "abkd", "mgsr", "mgsr_paper",
@@ -127,7 +127,8 @@ def test_base_composition_and_interpolation(tmp_path):
 # the tiny pair, each pair's MGSR, and the reason benchmark's acceptance methods
 QUICK = [
     p for p in RUNNABLE
-    if p.parent.name == "tiny" or p.stem == "mgsr" or (p.parent.name == "reason" and p.stem in ("sft", "kd", "distillm"))
+    if p.parent.name == "tiny" or p.stem == "mgsr"
+    or (p.parent.name == "reason" and p.stem in ("sft", "kd", "distillm"))
 ]
 
 
@@ -139,7 +140,8 @@ SCRG_METRICS = {
 
 def run_fit(path: Path, assets, tmp_path):
     family = PAIRS[path.parent.name]
-    overrides = cli_overrides(assets, family, tmp_path / "run", with_teacher=path.stem not in ("sft", "teacher", "init"))
+    overrides = cli_overrides(assets, family, tmp_path / "run",
+                              with_teacher=path.stem not in ("sft", "teacher", "init"))
     _, _, _, _, regime, scrg = EXPECTED[path.stem]
     if regime == "adaptive_off_policy":
         # a threshold of 1 makes both steps sample (the buffer is far from full), so the student
@@ -185,14 +187,16 @@ def test_cpu_preset_turns_any_pair_into_a_cpu_run(pair, method):
     plain = resolved_with(CONFIGS / pair / f"{method}.yaml")
     config = resolved_with(CONFIGS / pair / f"{method}.yaml", CONFIGS / "common" / "cpu.yaml")
     trainer, init = config["trainer"], config["model"]["init_args"]
-    assert (trainer["accelerator"], trainer["devices"], trainer["strategy"], trainer["precision"]) == ("cpu", 1, "auto", "32-true")
+    placement = (trainer["accelerator"], trainer["devices"], trainer["strategy"], trainer["precision"])
+    assert placement == ("cpu", 1, "auto", "32-true")
     assert config["data"]["batch_size"] == 4
     if method == "sft":
         assert init["teacher"] is None or init["teacher"]["name_or_path"] is None  # dtype only: no teacher
     else:
         assert init["teacher"]["dtype"] == "float32"
         assert init["teacher"]["name_or_path"] == plain["model"]["init_args"]["teacher"]["name_or_path"]
-    assert init["regime"] == plain["model"]["init_args"]["regime"] and init["distill"] == plain["model"]["init_args"]["distill"]
+    assert init["regime"] == plain["model"]["init_args"]["regime"]
+    assert init["distill"] == plain["model"]["init_args"]["distill"]
 
 
 def test_smollm2_student_is_cut_from_the_teacher():
@@ -206,7 +210,11 @@ def test_reason_students_start_from_the_sft_initialised_student(monkeypatch, tmp
     from mgsr_lightning.pipeline import commands
 
     trained = []
-    monkeypatch.setattr(commands, "_fit", lambda pair, method, run_dir, seed, env: trained.append((method, run_dir, seed)) or run_dir / "hf")
+    def fake_fit(pair, method, run_dir, seed, env):
+        trained.append((method, run_dir, seed))
+        return run_dir / "hf"
+
+    monkeypatch.setattr(commands, "_fit", fake_fit)
     overrides = commands._initialised_student("reason", tmp_path, 1, {})
     assert trained == [("init", tmp_path / "init" / "seed1", 1)]
     buffer = io.StringIO()

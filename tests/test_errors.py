@@ -70,13 +70,15 @@ FIT_CASES = {
     "positions": (["--data.max_length=200"], "the student has 128 positions but data.max_length"),
     "train_data": (["--data.train_data={missing}/train.jsonl"], "data.train_data: data file not found"),
     "tokenizer": (["--data.tokenizer={missing}/tokenizer"], "data.tokenizer: tokenizer folder not found"),
-    "student": (['--model.init_args.student={{"name_or_path": "{missing}/student"}}'], "student: model folder not found"),
+    "student": (['--model.init_args.student={{"name_or_path": "{missing}/student"}}'],
+                "student: model folder not found"),
     "ckpt_missing": (["--ckpt_path={missing}/last.ckpt"], "ckpt_path: checkpoint not found"),
     "unknown_trainer_key": (["--trainer.max_stepz=3"], "unknown option 'trainer.max_stepz'; did you mean 'max_steps'?"),
     "unknown_dataclass_key": (["--model.init_args.distill.nme=x"],
                               "unknown option 'model.init_args.distill.nme'; did you mean 'name'? valid options of "
                               "DistillLoss: name, weight, temperature"),
-    "unknown_name": (["--model.init_args.distill.name=kl"], "model.init_args.distill.name: expected one of 'forward_kl'"),
+    "unknown_name": (["--model.init_args.distill.name=kl"],
+                     "model.init_args.distill.name: expected one of 'forward_kl'"),
     "bad_type": (["--trainer.max_steps=many"], "trainer.max_steps: expected int, got 'many'"),
     # not read as max_steps, as it would not be in a config file
     "abbreviated_key": (["--trainer.max_step=3"], "unknown option 'trainer.max_step'; did you mean 'max_steps'?"),
@@ -126,7 +128,8 @@ def test_a_path_of_the_wrong_kind_is_named_for_what_it_is(tiny_assets, tmp_path,
     run = tmp_path / "old_run"
     (run / "checkpoints").mkdir(parents=True)
     (run / "checkpoints" / "last.ckpt").write_bytes(b"")
-    expected = f"{run} is a folder; give one checkpoint file written by `fit` (e.g. {run / 'checkpoints' / 'last.ckpt'})"
+    expected = (f"{run} is a folder; give one checkpoint file written by `fit` "
+                f"(e.g. {run / 'checkpoints' / 'last.ckpt'})")
     assert f"ckpt_path: {expected}" in error_line(fit_args(tiny_assets, tmp_path / "run", f"--ckpt_path={run}"), capsys)
     line = error_line(["export", "--checkpoint", str(run), "--out", str(tmp_path / "exported")], capsys)
     assert f"checkpoint: {expected}" in line
@@ -141,13 +144,15 @@ def test_a_path_of_the_wrong_kind_is_named_for_what_it_is(tiny_assets, tmp_path,
 
 
 def test_command_line_mistakes(capsys):
-    assert ("commands: fit, validate, test, predict, prepare, prepare-tiny, prepare-smollm2, train-tokenizer, demo, evaluate, "
-            "table, export, reproduce") in error_line(["fitt"], capsys)
+    assert ("commands: fit, validate, test, predict, prepare, prepare-tiny, prepare-smollm2, train-tokenizer, demo, "
+            "evaluate, table, export, reproduce") in error_line(["fitt"], capsys)
     assert "`fit` needs a config: pass --config configs/<pair>/<method>.yaml" in error_line(["fit"], capsys)
     assert "config file not found: " in error_line(["fit", "--config", "nope.yaml"], capsys)
     assert "missing required options: --checkpoint, --out" in error_line(["export"], capsys)
-    assert "unknown option 'checkpointt'; did you mean 'checkpoint'?" in error_line(["export", "--checkpointt", "x"], capsys)
-    assert "unknown option 'seed'; did you mean 'seeds'?" in error_line(["evaluate", "--model", "m", "--seed", "[1]"], capsys)
+    line = error_line(["export", "--checkpointt", "x"], capsys)
+    assert "unknown option 'checkpointt'; did you mean 'checkpoint'?" in line
+    line = error_line(["evaluate", "--model", "m", "--seed", "[1]"], capsys)
+    assert "unknown option 'seed'; did you mean 'seeds'?" in line
     main(["--help"])
     assert "usage: python -m mgsr_lightning <command>" in capsys.readouterr().out
 
@@ -179,11 +184,14 @@ def test_a_value_of_the_wrong_type_names_the_key_and_the_types_it_takes(capsys):
 GOOD_ROW = json.dumps({"instruction": "Add 1 and 2.", "input": "", "output": "3"}) + "\n"
 ROW_CASES = {
     "null_field": ('{"instruction": null, "output": "3"}\n', "train.jsonl:2: 'instruction' must be a string, got null"),
-    "list_field": ('{"instruction": ["a", "b"], "output": "3"}\n', "train.jsonl:2: 'instruction' must be a string, got a list"),
-    "number_field": ('{"instruction": "a", "input": 7, "output": "3"}\n', "train.jsonl:2: 'input' must be a string, got a number"),
+    "list_field": ('{"instruction": ["a", "b"], "output": "3"}\n',
+                   "train.jsonl:2: 'instruction' must be a string, got a list"),
+    "number_field": ('{"instruction": "a", "input": 7, "output": "3"}\n',
+                     "train.jsonl:2: 'input' must be a string, got a number"),
     "null_output": ('{"instruction": "a", "output": null}\n', "train.jsonl:2: 'output' must be a string, got null"),
     "empty_output": ('{"instruction": "a", "output": "  "}\n', "train.jsonl:2: 'output' is empty"),
-    "not_utf8": (b'{"instruction": "caf\xe9", "output": "3"}\n', "train.jsonl:2: not UTF-8 text (byte 0xe9 at column 21)"),
+    "not_utf8": (b'{"instruction": "caf\xe9", "output": "3"}\n',
+                 "train.jsonl:2: not UTF-8 text (byte 0xe9 at column 21)"),
     "empty_file": (None, "train.jsonl: the data file is empty"),
     "bom_then_bad_row": (b'\xef\xbb\xbf' + GOOD_ROW.encode() + b'{"instruction": "a", "output": ""}\n',
                          "train.jsonl:2: 'output' is empty"),  # the byte order mark is read past, not refused
@@ -265,7 +273,8 @@ def test_evaluate_checks_before_loading(case, tiny_assets, tmp_path, capsys, mon
     student = str(model_folder(tiny_assets, tmp_path / "student"))
     test_set = str(tiny_assets["data"] / "test.jsonl")
     out = tmp_path / "eval"
-    args = {"model": student, "sets": f"[{test_set}]", "out": str(out), "max_new_tokens": "8", "max_prompt_length": "56"}
+    args = {"model": student, "sets": f"[{test_set}]", "out": str(out), "max_new_tokens": "8",
+            "max_prompt_length": "56"}
     expected = EVALUATE_CASES[case].format(tmp=tmp_path)
     if case == "missing_model":
         args["model"] = str(tmp_path / "runs" / "mgsr" / "hf")
@@ -314,8 +323,10 @@ def test_export_and_resume_refuse_missing_corrupt_and_foreign_checkpoints(tmp_pa
 
 
 @pytest.mark.parametrize("args, expected", [
-    (["reproduce", "--pair", "gpt3"], "unknown pair 'gpt3'; pairs: facts, gpt2, llama2, openllama2, opt, reason, smollm2, tiny"),
-    (["reproduce", "--pair", "tiny", "--methods", "[kd, mgsr_full]"], "unknown method 'mgsr_full' for pair 'tiny'; methods: "),
+    (["reproduce", "--pair", "gpt3"],
+     "unknown pair 'gpt3'; pairs: facts, gpt2, llama2, openllama2, opt, reason, smollm2, tiny"),
+    (["reproduce", "--pair", "tiny", "--methods", "[kd, mgsr_full]"],
+     "unknown method 'mgsr_full' for pair 'tiny'; methods: "),
     (["reproduce", "--pair", "tiny", "--max_eval_examples", "0"], "max_eval_examples must be >= 1, got 0"),
     (["demo", "--method", "mgsr2"], "unknown method 'mgsr2' for pair 'tiny'"),
     (["prepare-tiny", "--train_size", "0"], "train_size must be >= 1, got 0"),
@@ -336,8 +347,10 @@ def test_prepare_names_a_corrupt_manifest(tiny_assets, tmp_path, capsys):
     root = tmp_path / "root"
     root.mkdir()
     (root / "prepared.json").write_text('{"files": {\n')  # cut short
-    line = error_line(["prepare", "--data", str(tiny_assets["data"]), "--out", str(root), "--vocab_size", "300"], capsys)
-    assert (f"{root / 'prepared.json'} is not valid JSON (Expecting property name enclosed in double quotes at line 2, "
+    line = error_line(["prepare", "--data", str(tiny_assets["data"]), "--out", str(root), "--vocab_size", "300"],
+                      capsys)
+    assert (f"{root / 'prepared.json'} is not valid JSON "
+            "(Expecting property name enclosed in double quotes at line 2, "
             f"column 1); it records which files of {root} a prepare command wrote") in line
     assert [p.name for p in root.iterdir()] == ["prepared.json"]
 
@@ -354,8 +367,9 @@ def test_prepare_finds_that_no_row_fits_before_writing_anything(tmp_path, capsys
             for i in range(12)]
     data = write_rows(tmp_path / "long", {"train": long, "validation": long[:4], "test": long[:4]})
     line = error_line(["prepare", "--data", str(data), "--out", str(tmp_path / "root"), "--vocab_size", "300"], capsys)
-    assert (f"none of the 12 train rows of {data / 'train.jsonl'} fits the tiny pair's length limits with this tokenizer "
-            "(prompts <= 48 tokens, prompt + response <= 72; configs/tiny/base.yaml): 12 have a longer prompt") in line
+    assert (f"none of the 12 train rows of {data / 'train.jsonl'} fits the tiny pair's length limits "
+            "with this tokenizer (prompts <= 48 tokens, prompt + response <= 72; configs/tiny/base.yaml): "
+            "12 have a longer prompt") in line
     assert "--pair reason (prompts <= 56, prompt + response <= 136)" in line and "a larger --vocab_size" in line
     assert "--data." not in line and "raise max_length" not in line  # options of fit, which prepare does not have
     assert not (tmp_path / "root").exists()
@@ -477,8 +491,8 @@ def test_ctrl_c_during_fit_says_how_to_resume(tiny_assets, tmp_path, capsys, mon
     finally:
         signal.signal(signal.SIGINT, handler)
     last = tmp_path / "run" / "kd" / "version_0" / "checkpoints" / "last.ckpt"
-    assert (f"fit interrupted (Ctrl-C) at step 3; to continue from its latest checkpoint (step 2), run the same command "
-            f"with --ckpt_path={last}") in line
+    assert ("fit interrupted (Ctrl-C) at step 3; to continue from its latest checkpoint (step 2), "
+            f"run the same command with --ckpt_path={last}") in line
     assert not (tmp_path / "run" / "hf").exists()
     monkeypatch.setattr(DistillLightningModule, "training_step", step)
     cli = run_cli(fit_args(tiny_assets, tmp_path / "run", "--trainer.max_steps=4", f"--ckpt_path={last}"))

@@ -81,13 +81,17 @@ def test_exposure_bias_merge_is_the_pointwise_mean_and_standard_error(tmp_path):
 
 
 @pytest.mark.parametrize("family, reference, prediction, right", [
-    ("chain_arithmetic", "23 minus 12 is 11. 11 minus 17 is -6. Final value: -6.", "23 - 12 = 11. 11 - 17 = -6. The result is -6.", True),
+    ("chain_arithmetic", "23 minus 12 is 11. 11 minus 17 is -6. Final value: -6.",
+     "23 - 12 = 11. 11 - 17 = -6. The result is -6.", True),
     ("chain_arithmetic", "23 minus 12 is 11. Final value: 11.", "23 - 12 = 11. So the answer is 12.", False),
-    ("sort_explain", "Take 2. Take 53. So the order is 2, 53.", "The smallest left is 2. The smallest left is 53. Sorted: 2, 53.", True),
+    ("sort_explain", "Take 2. Take 53. So the order is 2, 53.",
+     "The smallest left is 2. The smallest left is 53. Sorted: 2, 53.", True),
     ("list_transform", "Doubled: 4, 6. Final list: 4, 6.", "After doubling we get 4, 6. The result is 6, 4.", False),
     ("word_transform", "In capitals: ACKE. The final word is ACKE.", "Now uppercased, it is ACKE. Result: ACKE.", True),
-    ("follow", "The friend of Tebak is Bulen. The last one is Bulen.", "Tebak's friend is Bulen. We end at Bulen.", True),
-    ("follow", "The friend of Tebak is Bulen. The last one is Bulen.", "Tebak's friend is Tirum. We end at Tirum.", False),
+    ("follow", "The friend of Tebak is Bulen. The last one is Bulen.",
+     "Tebak's friend is Bulen. We end at Bulen.", True),
+    ("follow", "The friend of Tebak is Bulen. The last one is Bulen.",
+     "Tebak's friend is Tirum. We end at Tirum.", False),
     ("compare", "The Kodul has two legs. The Brodok has six legs. So the Brodok has more legs.",
      "The Brodok has six legs. The Kodul has four legs. So the Brodok has more legs.", True),
 ])

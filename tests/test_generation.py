@@ -325,7 +325,8 @@ def test_realigned_cache_gives_the_logits_of_re_encoding_the_prefix(family):
     columns = torch.arange(rollout.response_ids.size(1))[None, :]
     keep = rollout.response_mask & (columns < cuts[:, None])
     prompts, responses = rollout.to_token_lists()
-    contexts = [p + r[:cut] + [token] for p, r, cut, token in zip(prompts, responses, cuts.tolist(), new_tokens.tolist())]
+    contexts = [p + r[:cut] + [token]
+                for p, r, cut, token in zip(prompts, responses, cuts.tolist(), new_tokens.tolist())]
     context_ids, context_mask = left_padded(contexts)
 
     # The context less its new token is prompt + response[:cut]: its columns in the scoring forward.
@@ -350,7 +351,8 @@ def test_logits_from_an_earlier_forward_s_prefix_equal_a_full_forward(family, un
     # with rows of different lengths (row 1 ends early, its tail padding).
     width = earlier.response_ids.size(1)
     new_ids = torch.cat([earlier.response_ids, earlier.response_ids[:, :2]], 1).clone()
-    new_ids[:, unchanged:] = torch.randint(3, VOCAB, (3, width + 2 - unchanged), generator=torch.Generator().manual_seed(0))
+    new_ids[:, unchanged:] = torch.randint(3, VOCAB, (3, width + 2 - unchanged),
+                                           generator=torch.Generator().manual_seed(0))
     new_mask = torch.ones_like(new_ids, dtype=torch.bool)
     new_mask[:, :unchanged] = earlier.response_mask[:, :unchanged]
     new_mask[1, max(unchanged, 5):] = False

@@ -37,7 +37,8 @@ def test_cut_student_keeps_the_chosen_layers_and_saves_as_a_smaller_model(family
     source_state, kept_state = teacher.state_dict(), student.state_dict()
     assert len(kept_state) < len(source_state)
     for new, old in enumerate([0, 2, 4]):  # every parameter of kept layer `old` is now layer `new`'s
-        names = [name for name in source_state if f".{old}." in name and name.split(f".{old}.")[0].endswith(("layers", "h"))]
+        names = [name for name in source_state
+                 if f".{old}." in name and name.split(f".{old}.")[0].endswith(("layers", "h"))]
         assert names
         for name in names:
             torch.testing.assert_close(kept_state[name.replace(f".{old}.", f".{new}.", 1)], source_state[name])
@@ -78,7 +79,8 @@ def test_lora_student_fits_and_exports_merged(tiny_assets, tmp_path):
     from mgsr_lightning.cli import run_cli
 
     overrides = cli_overrides(tiny_assets, "llama", tmp_path / "run")
-    cli = run_cli(["fit", "--config", str(CONFIGS / "tiny" / "kd.yaml"), *overrides, "--model.init_args.optimizer.lr=0.05",
+    cli = run_cli(["fit", "--config", str(CONFIGS / "tiny" / "kd.yaml"), *overrides,
+                   "--model.init_args.optimizer.lr=0.05",
                    '--model.init_args.student.lora={"r": 4, "alpha": 8, "dropout": 0.0}'])
     student = cli.model.student.eval()
     assert hasattr(student, "merge_and_unload")
@@ -101,4 +103,5 @@ def test_lora_student_fits_and_exports_merged(tiny_assets, tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(from_checkpoint(ids).logits, student(ids).logits, rtol=1e-4, atol=1e-5)
     generator = pipeline("text-generation", model=str(tmp_path / "run" / "hf"), device="cpu")
-    assert generator("Add 3 and 4.\n", max_new_tokens=4, do_sample=False)[0]["generated_text"].startswith("Add 3 and 4.\n")
+    generated = generator("Add 3 and 4.\n", max_new_tokens=4, do_sample=False)[0]["generated_text"]
+    assert generated.startswith("Add 3 and 4.\n")

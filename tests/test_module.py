@@ -8,8 +8,8 @@ import pytest
 import torch
 from tiny_models import build_tiny_model, cli_overrides, last_checkpoint
 
-from mgsr_lightning.cli import run_cli
 from mgsr_lightning.batch import Rollout
+from mgsr_lightning.cli import run_cli
 from mgsr_lightning.losses.objective import DistillLoss, SpanLoss, response_cross_entropy
 from mgsr_lightning.models import ModelSource, VocabularyMismatchError, check_vocabularies
 from mgsr_lightning.module import DistillLightningModule

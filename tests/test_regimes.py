@@ -37,7 +37,9 @@ def draw(regime, n: int, progress: float = 0.0, fresh=None) -> list[str]:
 
 
 def test_adaptive_threshold_rises_only_when_validation_loss_rises_by_eps():
-    regime = build_regime(RegimeConfig("adaptive_off_policy", init_threshold=0.0, threshold_step=0.1, loss_eps=0.1), PAD)
+    regime = build_regime(
+        RegimeConfig("adaptive_off_policy", init_threshold=0.0, threshold_step=0.1, loss_eps=0.1), PAD
+    )
     for loss, expected in [(2.0, 0.0), (1.5, 0.0), (2.05, 0.0), (2.1, 0.1), (2.15, 0.1), (2.25, 0.2)]:
         regime.on_validation_loss(loss)
         assert regime.threshold == pytest.approx(expected), loss

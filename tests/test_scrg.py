@@ -11,7 +11,6 @@ import dataclasses
 
 import pytest
 import torch
-from tiny_models import build_tiny_model
 from test_generation import (
     EOS,
     IDS,
@@ -24,6 +23,7 @@ from test_generation import (
     sharpened,
     with_output_bias,
 )
+from tiny_models import build_tiny_model
 
 from mgsr_lightning.batch import Rollout
 from mgsr_lightning.error_search import find_error_positions
@@ -99,7 +99,8 @@ PAPER = ScrgConfig(criterion="max_difference")  # the paper's reading: the large
 
 
 def run_revise(student, teacher, rollout, config=PAPER, sampling=EIGHT_TOKENS, seeds=None, **limits):
-    """``revise`` with the tests' EOS/pad ids, ``limits`` (vocab_size, max_length) and, unless given, one seed per row."""
+    """``revise`` with the tests' EOS/pad ids, ``limits`` (vocab_size, max_length) and, unless given, one seed
+    per row."""
     seeds = torch.arange(rollout.batch_size) if seeds is None else seeds
     return revise(student, teacher, rollout, config, Decoding(sampling, **IDS, **limits), seeds=seeds)
 
@@ -424,13 +425,15 @@ def test_the_final_teacher_scoring_skips_what_no_row_changed():
     try:
         reused = run_revise(student, teacher, rollout, ScrgConfig(n_corrections=1), seeds=seeds)
         scoring_calls = len(widths)
-        full = run_revise(student, teacher, rollout, ScrgConfig(n_corrections=1, reuse_teacher_cache=False), seeds=seeds)
+        full = run_revise(student, teacher, rollout, ScrgConfig(n_corrections=1, reuse_teacher_cache=False),
+                          seeds=seeds)
     finally:
         hook.remove()
 
     assert reused.stats["corrected_fraction"] > 0
     assert torch.equal(reused.rollout.response_ids, full.rollout.response_ids)
-    # the scoring forward over prompt + response, then the final one over the response columns from the earliest error on
+    # the scoring forward over prompt + response, then the final one over the response columns from the earliest
+    # error on
     final_width = reused.rollout.prompt_ids.size(1) + reused.rollout.response_ids.size(1)
     assert scoring_calls == 2 and widths[0] == rollout.prompt_ids.size(1) + rollout.response_ids.size(1)
     assert widths[1] <= reused.rollout.response_ids.size(1) < final_width  # the prompt is not encoded again

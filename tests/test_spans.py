@@ -26,7 +26,9 @@ SENTENCES = [
 
 
 TEMPLATE = "### Instruction:\nReverse the word apple.\n\n### Response:\nelppa"
-TEXTS = [sentence for sentence, _ in SENTENCES] + [TEMPLATE, "A small model learns from a large model by matching its next-token distribution."]
+TEXTS = [sentence for sentence, _ in SENTENCES] + [
+    TEMPLATE, "A small model learns from a large model by matching its next-token distribution."
+]
 
 
 def span_texts(tokenizer, prior, text: str) -> list[str]:
@@ -42,7 +44,8 @@ def sentencepiece_tokenizer():
     keep its punctuation inside the span)."""
     model = SentencePieceBPETokenizer(unk_token="<unk>")
     model.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Metaspace(), pre_tokenizers.Punctuation()])
-    model.train_from_iterator(TEXTS * 20, vocab_size=300, special_tokens=["</s>", "<pad>", "<unk>"], show_progress=False)
+    model.train_from_iterator(TEXTS * 20, vocab_size=300, special_tokens=["</s>", "<pad>", "<unk>"],
+                              show_progress=False)
     return PreTrainedTokenizerFast(tokenizer_object=model, eos_token="</s>", pad_token="<pad>", unk_token="<unk>")
 
 
@@ -56,7 +59,8 @@ def test_byte_level_sentences(sentence, expected, tiny_tokenizer):
 def test_sentencepiece_sentences(sentence, expected, sentencepiece_tokenizer):
     pieces = sentencepiece_tokenizer.convert_ids_to_tokens(sentencepiece_tokenizer(sentence)["input_ids"])
     assert pieces[1].startswith("▁") and not any(piece.startswith("Ġ") for piece in pieces)
-    assert span_texts(sentencepiece_tokenizer, TokenSpanPrior.from_tokenizer(sentencepiece_tokenizer), sentence) == expected
+    prior = TokenSpanPrior.from_tokenizer(sentencepiece_tokenizer)
+    assert span_texts(sentencepiece_tokenizer, prior, sentence) == expected
 
 
 def test_instruction_template_newlines_and_markup_are_boundaries(tiny_tokenizer):
@@ -72,7 +76,8 @@ RED, THE, R, MAL, HOUSE, IN, COMMA, NEWLINE, SPACE, ON, AND = range(1, 12)
 
 @pytest.fixture
 def hand_prior():
-    return TokenSpanPrior(token_texts(VOCAB, "byte_level"), special_ids=[0], encode=lambda text: {" on": [SPACE, ON]}.get(text, []))
+    return TokenSpanPrior(token_texts(VOCAB, "byte_level"), special_ids=[0],
+                          encode=lambda text: {" on": [SPACE, ON]}.get(text, []))
 
 
 def spans_of(prior, ids, mask=None):
@@ -118,7 +123,8 @@ def test_multi_token_function_words_need_the_tokenizers_encoding():
 def test_mask_and_batching(tiny_tokenizer):
     prior = TokenSpanPrior.from_tokenizer(tiny_tokenizer)
     prompt = tiny_tokenizer("### Response:\n")["input_ids"]
-    responses = [tiny_tokenizer(text)["input_ids"] for text in ("She walked to the old house.", "The capital of France is Paris.")]
+    responses = [tiny_tokenizer(text)["input_ids"]
+                 for text in ("She walked to the old house.", "The capital of France is Paris.")]
     length = len(prompt) + max(map(len, responses)) + 2
     ids = torch.full((2, length), tiny_tokenizer.pad_token_id)
     mask = torch.zeros(2, length, dtype=torch.bool)

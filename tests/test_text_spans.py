@@ -23,7 +23,8 @@ def test_text_chunker_maps_character_ranges_back_to_tokens(tiny_tokenizer):
     padded = torch.tensor([[1, *ids, 1]])
     mask = torch.tensor([[False, *[True] * len(ids), False]])
     spans = prior(padded, mask)[0]
-    groups = [tiny_tokenizer.decode(padded[0][spans == span].tolist()).strip() for span in spans.unique().tolist() if span >= 0]
+    groups = [tiny_tokenizer.decode(padded[0][spans == span].tolist()).strip()
+              for span in spans.unique().tolist() if span >= 0]
     assert groups == ["the old house", "on the hill"]
     assert spans[0] == -1 and spans[-1] == -1
 

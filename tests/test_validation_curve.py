@@ -8,7 +8,11 @@ import torch
 from tiny_models import cli_overrides
 
 from mgsr_lightning.callbacks import (
-    GenerationMetrics, SamplesNeverEndWarning, ValidationCollapseWarning, collapse_message, curve_summary,
+    GenerationMetrics,
+    SamplesNeverEndWarning,
+    ValidationCollapseWarning,
+    collapse_message,
+    curve_summary,
     unended_message,
 )
 from mgsr_lightning.cli import run_cli
@@ -17,7 +21,8 @@ from mgsr_lightning.pipeline.paths import CONFIGS
 
 def test_curve_summary_is_one_line_with_the_best_step():
     curve = [(100, 31.2), (200, 35.0), (300, 36.1), (400, 34.0)]
-    assert curve_summary(curve) == "val/rougeL by step: 100: 31.2, 200: 35.0, 300: 36.1, 400: 34.0; best 36.1 at step 300"
+    assert curve_summary(curve) == ("val/rougeL by step: 100: 31.2, 200: 35.0, 300: 36.1, 400: 34.0; "
+                                    "best 36.1 at step 300")
     rising = curve_summary([(100, 31.2), (200, 35.0), (300, 36.1), (400, 36.4)])
     assert rising.endswith("best 36.4 at step 400 (still rising at the last validation: more steps may help, "
                            "--trainer.max_steps)")

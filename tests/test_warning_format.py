@@ -31,6 +31,7 @@ def test_our_warnings_print_their_class_names_after_lightning_is_imported():
     assert any(line.endswith("module.py:249: FarFromTeacherWarning: the skew forward KL is 2.28 nats per token")
                for line in lines), lines
     assert any(line.endswith("module.py:12: UserWarning: a plain user warning from our file") for line in lines), lines
-    assert any("NoStudentOutputsWarning: no training step used student-generated sequences" in line for line in lines), lines
+    assert any("NoStudentOutputsWarning: no training step used student-generated sequences" in line
+               for line in lines), lines
     # Lightning's own warnings are left to Lightning's formatter
     assert any(line.endswith("__init__.py:3: a warning of Lightning's own") for line in lines), lines

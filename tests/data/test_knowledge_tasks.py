@@ -17,9 +17,11 @@ def test_the_world_is_fixed_and_has_distinct_single_word_names():
     for creature in creatures.values():
         assert set(creature.attributes) == set(ATTRIBUTES)
         assert all(creature.attributes[a] in VALUES[a] for a in ATTRIBUTES)
-        assert creature.friend in creatures and creature.rival in creatures and creature.name not in (creature.friend, creature.rival)
+        assert creature.friend in creatures and creature.rival in creatures
+        assert creature.name not in (creature.friend, creature.rival)
     # every split seed asks about the same world: the prompts of different seeds name the same creatures
-    names = {seed: {w for r in generate_splits(SIZES, seed, FAMILIES)["train"] for w in re.findall(r"[A-Z][a-z]+", r["input"])}
+    names = {seed: {w for r in generate_splits(SIZES, seed, FAMILIES)["train"]
+                    for w in re.findall(r"[A-Z][a-z]+", r["input"])}
              for seed in (0, 1)}
     assert names[0] - {"Creature", "Facts", "Start", "Follow", "Creatures"} <= set(creatures)
     assert len(names[0] & names[1]) > N_CREATURES // 2
@@ -29,7 +31,8 @@ def test_generation_is_deterministic_and_splits_disjoint_and_balanced():
     splits = generate_splits(SIZES, 0, FAMILIES)
     assert splits == generate_splits(SIZES, 0, FAMILIES) and splits != generate_splits(SIZES, 1, FAMILIES)
     keys = {split: {r["instruction"] + "\n" + r["input"] for r in rows} for split, rows in splits.items()}
-    assert not keys["train"] & keys["validation"] and not keys["train"] & keys["test"] and not keys["validation"] & keys["test"]
+    assert not keys["train"] & keys["validation"] and not keys["train"] & keys["test"]
+    assert not keys["validation"] & keys["test"]
     assert set(Counter(r["family"] for r in splits["test"]).values()) == {SIZES["test"] // len(FAMILIES)}
 
 

@@ -6,7 +6,13 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from mgsr_lightning.data.reasoning_tasks import FAMILIES, LIST_INSTRUCTIONS, LIST_STEPS, WORD_STEPS, write_reason_dataset
+from mgsr_lightning.data.reasoning_tasks import (
+    FAMILIES,
+    LIST_INSTRUCTIONS,
+    LIST_STEPS,
+    WORD_STEPS,
+    write_reason_dataset,
+)
 from mgsr_lightning.data.records import read_jsonl
 from mgsr_lightning.data.tiny_tasks import generate_splits
 

@@ -23,7 +23,8 @@ def test_plain_template():
 
 def test_chat_template_uses_the_tokenizer(tiny_tokenizer):
     tokenizer = tiny_tokenizer
-    tokenizer.chat_template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+    tokenizer.chat_template = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+                               "{% if add_generation_prompt %}<assistant>{% endif %}")
     try:
         assert render_prompt({"instruction": "Hi", "input": ""}, "chat", tokenizer) == "<user>Hi<assistant>"
     finally:

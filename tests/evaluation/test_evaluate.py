@@ -6,9 +6,8 @@ import statistics
 from pathlib import Path
 
 import pytest
-import torch
-from tiny_models import build_tiny_model
 from rouge_score import rouge_scorer
+from tiny_models import build_tiny_model
 
 from mgsr_lightning.batch import Rollout
 from mgsr_lightning.evaluation.evaluate import EvalConfig, evaluate_model

@@ -89,8 +89,8 @@ def test_greedy_bigram_curves_computed_by_hand():
     expected_regret = torch.tensor(free, dtype=torch.float64).cumsum(-1).mean(0)
 
     result = exposure_bias(
-        student, teacher, [prompts([A], [B])], Decoding(SamplingConfig(do_sample=False, max_new_tokens=steps), EOS, PAD),
-        samples=1,
+        student, teacher, [prompts([A], [B])],
+        Decoding(SamplingConfig(do_sample=False, max_new_tokens=steps), EOS, PAD), samples=1,
     )
     torch.testing.assert_close(result.forced_error.double(), expected_forced, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(result.regret.double(), expected_regret, rtol=1e-5, atol=1e-6)

@@ -5,7 +5,12 @@ import statistics
 import pytest
 
 from mgsr_lightning.evaluation.report import (
-    format_table1, mean_and_standard_error, plot_table1, summarize_runs, wrapped_title, write_report,
+    format_table1,
+    mean_and_standard_error,
+    plot_table1,
+    summarize_runs,
+    wrapped_title,
+    write_report,
 )
 
 

@@ -25,7 +25,9 @@ class _VocabRows(TorchFunctionMode):
 LOSSES = {
     "forward_kl": lambda s, t, m, c: forward_kl(s, t, m, chunk_size=c),
     "dac_kl": lambda s, t, m, c: dac_kl(s, t, m, clip_net=ClipNet(k=8, hidden=8), chunk_size=c)[0],
-    "span": lambda s, t, m, c: span_correlation_loss(s, t, m, spans=torch.zeros(m.shape, dtype=torch.long), chunk_size=c),
+    "span": lambda s, t, m, c: span_correlation_loss(
+        s, t, m, spans=torch.zeros(m.shape, dtype=torch.long), chunk_size=c
+    ),
 }
 
 

@@ -97,15 +97,18 @@ def test_fixed_mode_matches_float64_reference(options, padded, make_case, refere
     student, teacher, mask = make_case(padded=padded)
     bounds = (0.1, 0.7)
     loss, diagnostics = dac_kl(
-        student, teacher, mask, mode="fixed", fixed_bounds=bounds, beta=0.05, temperature=0.8, reduction="none", **options
+        student, teacher, mask, mode="fixed", fixed_bounds=bounds, beta=0.05, temperature=0.8, reduction="none",
+        **options,
     )
-    expected, kept = reference(student, teacher, mask, temperature=0.8, bounds=lambda b, t: bounds, beta=0.05, **options)
+    expected, kept = reference(student, teacher, mask, temperature=0.8, bounds=lambda b, t: bounds, beta=0.05,
+                               **options)
     torch.testing.assert_close(loss.double(), expected * mask, rtol=1e-5, atol=1e-6)
     mean, _ = dac_kl(student, teacher, mask, mode="fixed", fixed_bounds=bounds, beta=0.05, temperature=0.8, **options)
     torch.testing.assert_close(mean.double(), masked_mean(expected, mask), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(diagnostics["kept_mass"].double(), masked_mean(kept, mask), rtol=1e-5, atol=1e-6)
     assert diagnostics["lower"].item() == pytest.approx(0.1) and diagnostics["upper"].item() == pytest.approx(0.7)
-    assert diagnostics["coverage_penalty"] == pytest.approx(masked_mean((0.5 - kept).clamp_min(0), mask).item(), abs=1e-6)
+    coverage = masked_mean((0.5 - kept).clamp_min(0), mask).item()
+    assert diagnostics["coverage_penalty"] == pytest.approx(coverage, abs=1e-6)
 
 
 @pytest.mark.parametrize("padded", [0, 4])
@@ -146,7 +149,8 @@ def test_bf16_inputs_are_computed_in_float32(make_case, reference):
 @pytest.mark.parametrize("variant", ["rest", "paper"])
 def test_band_covering_everything_is_forward_kl(variant, make_case):
     student, teacher, mask = make_case()
-    loss, diagnostics = dac_kl(student, teacher, mask, mode="fixed", fixed_bounds=(0.0, 1.0), beta=1e-5, variant=variant)
+    loss, diagnostics = dac_kl(student, teacher, mask, mode="fixed", fixed_bounds=(0.0, 1.0), beta=1e-5,
+                               variant=variant)
     torch.testing.assert_close(loss, forward_kl(student, teacher, mask), rtol=1e-5, atol=1e-6)
     assert diagnostics["kept_mass"] > 0.99
 
@@ -188,7 +192,8 @@ def test_unnormalized_eq8_is_refused_and_both_variants_are_non_negative(make_cas
     with pytest.raises(ValueError, match='normalize=False.*variant="rest"'):
         dac_kl(student, teacher, mask, mode="fixed", normalize=False)
     for variant in ("rest", "paper"):
-        loss, _ = dac_kl(student, teacher, mask, mode="fixed", fixed_bounds=(0.1, 0.7), variant=variant, reduction="none")
+        loss, _ = dac_kl(student, teacher, mask, mode="fixed", fixed_bounds=(0.1, 0.7), variant=variant,
+                         reduction="none")
         assert (loss >= -1e-6).all()
 
 
@@ -331,7 +336,8 @@ def test_chunked_equals_unchunked(mode, variant, chunk_size, make_case):
     torch.testing.assert_close(chunked, plain, rtol=1e-6, atol=1e-6)
     for name in plain_diagnostics:
         torch.testing.assert_close(chunked_diagnostics[name], plain_diagnostics[name], rtol=1e-6, atol=1e-6)
-    for plain_grad, chunked_grad in zip(torch.autograd.grad(plain, parameters), torch.autograd.grad(chunked, parameters)):
+    plain_grads, chunked_grads = torch.autograd.grad(plain, parameters), torch.autograd.grad(chunked, parameters)
+    for plain_grad, chunked_grad in zip(plain_grads, chunked_grads):
         torch.testing.assert_close(chunked_grad, plain_grad, rtol=1e-5, atol=1e-7)
 
 
@@ -344,7 +350,8 @@ def test_gradcheck_float64_student_and_clipnet(make_case):
     weights = [p.detach().clone().requires_grad_(True) for p in clip_net.parameters()]
 
     def unguarded(s, *w):  # the true gradient; the guard drops the KL's gradient to the bounds on purpose
-        return dac_kl(s, teacher, mask, clip_net=_Bound(clip_net, dict(zip(names, w))), temperature=1.3, beta=0.1, lam_cov=0.0)[0]
+        return dac_kl(s, teacher, mask, clip_net=_Bound(clip_net, dict(zip(names, w))), temperature=1.3, beta=0.1,
+                      lam_cov=0.0)[0]
 
     def guarded(s):
         return dac_kl(s, teacher, mask, clip_net=clip_net, temperature=1.3, beta=0.1, rho_min=0.9)[0]
@@ -474,7 +481,8 @@ def test_clipnet_trains_jointly_in_its_own_parameter_group(make_case):
     features = torch.randn(*teacher.shape[:2], 4)
     clip_net = ClipNet(k=8, hidden=16)
     optimizer = torch.optim.AdamW(
-        [{"params": student_head.parameters(), "lr": 1e-3}, {"params": clip_net.parameters(), "lr": 1e-2, "weight_decay": 0.0}]
+        [{"params": student_head.parameters(), "lr": 1e-3},
+         {"params": clip_net.parameters(), "lr": 1e-2, "weight_decay": 0.0}]
     )
     before = [p.detach().clone() for p in clip_net.parameters()]
     loss, _ = dac_kl(student_head(features), teacher, mask, clip_net=clip_net, chunk_size=3)

@@ -4,7 +4,6 @@ chunking and the properties every divergence must have."""
 from __future__ import annotations
 
 import inspect
-import math
 
 import pytest
 import torch
@@ -51,7 +50,8 @@ def reference(softmax_ref, kl_ref, reduce_ref, divergence_ref):
     def compute(name, params, student, teacher, mask, temperature, reduction):
         per_position = [
             [
-                divergence_ref(name, params, softmax_ref(teacher[b, t], temperature), softmax_ref(student[b, t], temperature), kl_ref)
+                divergence_ref(name, params, softmax_ref(teacher[b, t], temperature),
+                               softmax_ref(student[b, t], temperature), kl_ref)
                 for t in range(student.size(1))
             ]
             for b in range(student.size(0))
@@ -77,7 +77,8 @@ def test_float64_inputs_stay_float64(name, params, make_case, reference):
     student, teacher, mask = make_case(dtype=torch.float64)
     value = DIVERGENCES[name](student, teacher, mask, temperature=0.6, **params)
     assert value.dtype == torch.float64
-    torch.testing.assert_close(value, reference(name, params, student, teacher, mask, 0.6, "mean"), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(value, reference(name, params, student, teacher, mask, 0.6, "mean"),
+                               rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize(("name", "params"), CASES, ids=CASE_IDS)
@@ -137,7 +138,8 @@ def test_chunked_equals_unchunked(name, params, reduction, chunk_size, make_case
     student, teacher, mask = make_case(B=3, T=7)
     student.requires_grad_(True)
     plain = DIVERGENCES[name](student, teacher, mask, temperature=1.2, reduction=reduction, **params)
-    chunked = DIVERGENCES[name](student, teacher, mask, temperature=1.2, reduction=reduction, chunk_size=chunk_size, **params)
+    chunked = DIVERGENCES[name](student, teacher, mask, temperature=1.2, reduction=reduction, chunk_size=chunk_size,
+                                **params)
     torch.testing.assert_close(chunked, plain, rtol=1e-6, atol=1e-7)
     weights = torch.rand(plain.shape)  # a non-trivial upstream gradient
     (plain_grad,) = torch.autograd.grad((plain * weights).sum(), student)
@@ -163,7 +165,9 @@ def test_mean_divides_by_the_number_of_compared_positions(make_case):
     student, teacher, mask = make_case()
     total = forward_kl(student, teacher, mask, reduction="sum")
     assert forward_kl(student, teacher, mask) == pytest.approx((total / mask.sum()).item(), rel=1e-6)
-    assert forward_kl(student, teacher) == pytest.approx(forward_kl(student, teacher, reduction="sum").item() / mask.numel(), rel=1e-6)
+    assert forward_kl(student, teacher) == pytest.approx(
+        forward_kl(student, teacher, reduction="sum").item() / mask.numel(), rel=1e-6
+    )
 
 
 def test_sliced_non_contiguous_logits_give_the_same_result(make_case):
@@ -220,9 +224,12 @@ def test_alpha_beta_divergence_reduces_to_known_divergences(make_case):
     torch.testing.assert_close(alpha_beta_divergence(student, teacher, mask, alpha=1.0, beta=0.0), forward)
     torch.testing.assert_close(alpha_beta_divergence(student, teacher, mask, alpha=0.0, beta=1.0), reverse)
     # the special cases are the limits of the general formula
-    torch.testing.assert_close(alpha_beta_divergence(student, teacher, mask, alpha=1.0, beta=1e-6), forward, rtol=1e-5, atol=0)
-    torch.testing.assert_close(alpha_beta_divergence(student, teacher, mask, alpha=1e-6, beta=1.0), reverse, rtol=1e-5, atol=0)
-    near_limits = [((0.3, -0.3 + 1e-7), (0.3, -0.3)), ((0.5, 1e-7), (0.5, 0.0)), ((1e-7, 0.5), (0.0, 0.5)), ((1e-4, 1e-4), (0.0, 0.0))]
+    torch.testing.assert_close(alpha_beta_divergence(student, teacher, mask, alpha=1.0, beta=1e-6), forward,
+                               rtol=1e-5, atol=0)
+    torch.testing.assert_close(alpha_beta_divergence(student, teacher, mask, alpha=1e-6, beta=1.0), reverse,
+                               rtol=1e-5, atol=0)
+    near_limits = [((0.3, -0.3 + 1e-7), (0.3, -0.3)), ((0.5, 1e-7), (0.5, 0.0)), ((1e-7, 0.5), (0.0, 0.5)),
+                   ((1e-4, 1e-4), (0.0, 0.0))]
     for (alpha, beta), (alpha_limit, beta_limit) in near_limits:
         near = alpha_beta_divergence(student, teacher, mask, alpha=alpha, beta=beta)
         exact = alpha_beta_divergence(student, teacher, mask, alpha=alpha_limit, beta=beta_limit)
@@ -243,8 +250,8 @@ def test_alpha_beta_divergence_refuses_non_finite_parameters(make_case):
 
 def test_registry_names_and_common_signature():
     assert set(DIVERGENCES) == {
-        "forward_kl", "reverse_kl", "symmetric_kl", "skew_forward_kl", "skew_reverse_kl", "generalized_jsd", "total_variation",
-        "abkd", "alpha_beta",
+        "forward_kl", "reverse_kl", "symmetric_kl", "skew_forward_kl", "skew_reverse_kl", "generalized_jsd",
+        "total_variation", "abkd", "alpha_beta",
     }
     for name, fn in DIVERGENCES.items():
         assert fn.__name__ == {"abkd": "alpha_beta_divergence", "alpha_beta": "alpha_beta_divergence"}.get(name, name)

@@ -8,10 +8,18 @@ import pytest
 import torch
 
 from mgsr_lightning.losses import (
-    alpha_beta_divergence, forward_kl, generalized_jsd, skew_forward_kl, skew_reverse_kl, total_variation,
+    alpha_beta_divergence,
+    forward_kl,
+    generalized_jsd,
+    skew_forward_kl,
+    skew_reverse_kl,
+    total_variation,
 )
 from mgsr_lightning.losses.saturation import (
-    alpha_beta_far_value, divergence_ceiling, saturation_message, skew_forward_kl_bound,
+    alpha_beta_far_value,
+    divergence_ceiling,
+    saturation_message,
+    skew_forward_kl_bound,
 )
 
 
@@ -135,7 +143,8 @@ def test_bounded_divergences_reach_their_ceiling_only_far_from_the_teacher(name,
 @pytest.mark.parametrize("name, params", [("forward_kl", {}), ("reverse_kl", {}), ("symmetric_kl", {}),
                                           ("skew_forward_kl", {"alpha": 0.0}), ("skew_reverse_kl", {"alpha": 0.0}),
                                           ("generalized_jsd", {"beta": 0.0}), ("generalized_jsd", {"beta": 1.0}),
-                                          ("abkd", {"alpha": 1.0, "beta": 0.0}), ("alpha_beta", {"alpha": 0.0, "beta": 1.0}),
+                                          ("abkd", {"alpha": 1.0, "beta": 0.0}),
+                                          ("alpha_beta", {"alpha": 0.0, "beta": 1.0}),
                                           ("alpha_beta", {"alpha": -0.5, "beta": 0.5}), ("dac_kl", {})])
 def test_unbounded_terms_have_no_ceiling_and_never_warn(name, params):
     assert divergence_ceiling(name, params) is None
@@ -147,7 +156,8 @@ def test_unbounded_terms_have_no_ceiling_and_never_warn(name, params):
      "the alpha-beta divergence (ABKD) is 12.60 nats per token at step 0, 176% of its value for a student far from "
      "the teacher, 1/(alpha*beta) = 7.14"),
     ("alpha_beta", {}, 7.0, "(ABKD) is 7.00 nats per token at step 0, 98% of its value"),  # ABKD's defaults 0.2, 0.7
-    ("abkd", {"alpha": 0.5, "beta": 0.5}, 3.0, "(ABKD) is 3.00 nats per token at step 0, 75% of its bound 1/(alpha*beta) = 4.00"),
+    ("abkd", {"alpha": 0.5, "beta": 0.5}, 3.0,
+     "(ABKD) is 3.00 nats per token at step 0, 75% of its bound 1/(alpha*beta) = 4.00"),
     ("skew_reverse_kl", {"alpha": 0.1}, 2.0, "the skew reverse KL is 2.00 nats per token at step 0, 87% of its bound "
      "log(1/alpha) = 2.30"),
     ("generalized_jsd", {"beta": 0.5}, 0.6, "the generalised JSD is 0.60 nats per token at step 0, 87% of its bound"),

@@ -59,7 +59,8 @@ def case(make_case):
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_matches_loop_reference(reduction, relation, case, softmax_ref):
     student, teacher, mask = case
-    value = span_correlation_loss(student, teacher, mask, spans=SPANS, relation=relation, temperature=1.6, reduction=reduction)
+    value = span_correlation_loss(student, teacher, mask, spans=SPANS, relation=relation, temperature=1.6,
+                                  reduction=reduction)
     terms = reference_pairs(student, teacher, SPANS, mask, 1.6, softmax_ref, relation)
     assert set(terms) == {(0, 0), (0, 1), (0, 4), (1, 0), (1, 2), (2, 1), (2, 4), (2, 5)}
     if reduction == "none":
@@ -77,8 +78,11 @@ def test_padded_vocabulary_columns_contribute_nothing(relation, make_case):
     student, teacher, mask = make_case(B=3, T=7, V=9)
     padded_student, padded_teacher, _ = make_case(B=3, T=7, V=9, padded=3)
     padded_student.requires_grad_(True)
-    padded = span_correlation_loss(padded_student, padded_teacher, mask, spans=SPANS, relation=relation, reduction="none")
-    torch.testing.assert_close(padded, span_correlation_loss(student, teacher, mask, spans=SPANS, relation=relation, reduction="none"))
+    padded = span_correlation_loss(padded_student, padded_teacher, mask, spans=SPANS, relation=relation,
+                                   reduction="none")
+    torch.testing.assert_close(
+        padded, span_correlation_loss(student, teacher, mask, spans=SPANS, relation=relation, reduction="none")
+    )
     (grad,) = torch.autograd.grad(padded.sum(), padded_student)
     assert torch.isfinite(grad).all() and (grad[..., -3:] == 0).all()
 
@@ -113,7 +117,8 @@ def test_gradients_reach_the_student_only(chunk_size, case):
 def test_no_pairs_gives_zero_with_zero_gradient(chunk_size, case):
     student, teacher, mask = case
     student.requires_grad_(True)
-    loss = span_correlation_loss(student, teacher, mask, spans=torch.arange(7).expand(3, 7).contiguous(), chunk_size=chunk_size)
+    loss = span_correlation_loss(student, teacher, mask, spans=torch.arange(7).expand(3, 7).contiguous(),
+                                 chunk_size=chunk_size)
     loss.backward()
     assert loss.item() == 0.0 and (student.grad == 0).all()
 
@@ -162,7 +167,8 @@ def test_normalized_relation_gradient_is_comparable_to_forward_kl_and_the_produc
         return torch.autograd.grad(loss, student)[0].norm().item()
 
     reference = grad_norm(forward_kl(student, teacher))
-    ratios = {r: grad_norm(span_correlation_loss(student, teacher, spans=spans, relation=r)) / reference for r in RELATIONS}
+    ratios = {r: grad_norm(span_correlation_loss(student, teacher, spans=spans, relation=r)) / reference
+              for r in RELATIONS}
     assert 0.1 < ratios["normalized"] < 10
     assert ratios["product"] < 0.1 * ratios["normalized"]
 
@@ -186,7 +192,8 @@ def test_the_span_term_changes_training(relation):
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-        return head.weight.detach(), span_correlation_loss(head(features), teacher, spans=spans, relation=relation).item()
+        span = span_correlation_loss(head(features), teacher, spans=spans, relation=relation).item()
+        return head.weight.detach(), span
 
     (plain_weight, plain_span), (span_weight, with_span) = train(0.0), train(1.0)
     change = (span_weight - plain_weight).norm() / plain_weight.norm()

@@ -18,9 +18,10 @@ def sources(max_new_tokens: str) -> dict[str, str]:
 def test_a_trained_length_is_raised_to_the_longest_answer():
     lengths = [10, 20, 30, 55]  # tokens with the EOS
     settings, where, note = size_generation("students/sft", SETTINGS, sources(TRAINED), lengths, positions=128)
-    assert settings["max_new_tokens"] == 55 and where["max_new_tokens"] == "the longest reference answer (raised from 24)"
-    assert note == (f"students/sft: max_new_tokens raised from 24 ({TRAINED}) to 55: the longest reference answer has 54 "
-                    "tokens and its EOS")
+    assert settings["max_new_tokens"] == 55
+    assert where["max_new_tokens"] == "the longest reference answer (raised from 24)"
+    assert note == (f"students/sft: max_new_tokens raised from 24 ({TRAINED}) to 55: "
+                    "the longest reference answer has 54 tokens and its EOS")
     unchanged, _, silent = size_generation("students/sft", SETTINGS, sources(TRAINED), [10, 24], positions=128)
     assert unchanged["max_new_tokens"] == 24 and silent is None
 
@@ -28,8 +29,9 @@ def test_a_trained_length_is_raised_to_the_longest_answer():
 def test_the_raise_stops_at_the_model_s_positions_and_the_cut_answers_are_counted():
     settings, _, note = size_generation("students/sft", SETTINGS, sources(TRAINED), [10, 70, 90, 100], positions=128)
     assert settings["max_new_tokens"] == 80  # 128 positions - 48 prompt tokens
-    assert note.endswith("; 2 of 4 reference answers (50%) are longer than the 80 new tokens sampled (the model's 128 "
-                         "positions leave 80 after prompts of up to 48 tokens), so their samples are cut and score lower")
+    assert note.endswith("; 2 of 4 reference answers (50%) are longer than the 80 new tokens sampled "
+                         "(the model's 128 positions leave 80 after prompts of up to 48 tokens), "
+                         "so their samples are cut and score lower")
 
 
 def test_a_length_from_the_command_line_or_the_paper_s_protocol_is_kept_and_its_cuts_counted():
@@ -37,12 +39,14 @@ def test_a_length_from_the_command_line_or_the_paper_s_protocol_is_kept_and_its_
         settings, _, note = size_generation("m", SETTINGS, sources(given), [10, 30, 40], positions=None)
         assert settings["max_new_tokens"] == 24
         assert note == (f"m: 2 of 3 reference answers (67%) are longer than the 24 new tokens sampled ({given} sets "
-                        "max_new_tokens=24), so their samples are cut and score lower; pass --max_new_tokens to sample more")
+                        "max_new_tokens=24), so their samples are cut and score lower; "
+                        "pass --max_new_tokens to sample more")
 
 
 def test_reference_lengths_count_the_longest_reference_and_its_eos(tiny_tokenizer):
     rows = [{"instruction": "a", "output": "one two"}, {"instruction": "b", "output": ["one", "one two three four"]}]
-    tokens = [len(tiny_tokenizer(text, add_special_tokens=False)["input_ids"]) for text in ("one two", "one two three four")]
+    tokens = [len(tiny_tokenizer(text, add_special_tokens=False)["input_ids"])
+              for text in ("one two", "one two three four")]
     assert reference_lengths(tiny_tokenizer, {"set": rows}) == [tokens[0] + 1, tokens[1] + 1]
 
 

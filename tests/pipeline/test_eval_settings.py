@@ -13,7 +13,8 @@ from mgsr_lightning.errors import ConfigError
 from mgsr_lightning.export import TRAINING_SETTINGS
 from mgsr_lightning.pipeline import commands, eval_settings
 
-TINY_TRAINING = {"template": "plain", "max_prompt_length": 48, "max_length": 72, "max_new_tokens": 24, "eos_token": None}
+TINY_TRAINING = {"template": "plain", "max_prompt_length": 48, "max_length": 72, "max_new_tokens": 24,
+                 "eos_token": None}
 
 
 def model_with_settings(tiny_assets, folder, settings):
@@ -36,12 +37,14 @@ def test_settings_come_from_the_command_line_then_the_preset_then_the_model_then
     assert settings == {"template": "plain", "max_new_tokens": 24, "max_prompt_length": 48, "eos_token": None}
     assert sources["template"].startswith("its training settings")
     settings, sources = eval_settings.resolve(trained, None, {**unset, "template": "alpaca"})
-    assert settings["template"] == "alpaca" and settings["max_new_tokens"] == 24 and sources["template"] == "the command line"
+    assert settings["template"] == "alpaca" and settings["max_new_tokens"] == 24
+    assert sources["template"] == "the command line"
     settings, _ = eval_settings.resolve(trained, "reason", unset)
     assert (settings["template"], settings["max_new_tokens"], settings["max_prompt_length"]) == ("plain", 72, 56)
     settings, sources = eval_settings.resolve(bare, None, unset)
     assert settings == eval_settings.PAPER_PROTOCOL and sources["template"].startswith("default")
-    assert "template=alpaca, max_new_tokens=256, max_prompt_length=256 from default" in eval_settings.describe(settings, sources)
+    described = eval_settings.describe(settings, sources)
+    assert "template=alpaca, max_new_tokens=256, max_prompt_length=256 from default" in described
 
 
 @pytest.mark.parametrize("pair", sorted(commands.EMBEDDED_EVAL))

@@ -117,7 +117,8 @@ def test_prepare_never_replaces_files_it_did_not_write(user_data, tmp_path, teac
 
 def test_prepare_checks_its_inputs_before_any_work(tmp_path, user_data, teacher_runs, monkeypatch):
     monkeypatch.delenv("MGSR_TINY_DIR", raising=False)
-    with pytest.raises(ConfigError, match="prepare needs your train, validation and test JSONL files.*missing: --validation, --test"):
+    with pytest.raises(ConfigError, match="prepare needs your train, validation and test JSONL files"
+                                          ".*missing: --validation, --test"):
         own_data.prepare(train=str(user_data["train"]), out=str(tmp_path / "root"))
     with pytest.raises(ConfigError, match="needs a folder to fill: --out DIR, or MGSR_TINY_DIR"):
         own_data.prepare(data=str(tmp_path / "my_data"))
@@ -132,7 +133,8 @@ def test_prepare_checks_its_inputs_before_any_work(tmp_path, user_data, teacher_
 def test_prepare_uses_a_given_tokenizer_and_validation_files_by_other_names(tmp_path, user_data, teacher_runs, capsys,
                                                                             tiny_tokenizer_dir):
     user_data["validation"].rename(tmp_path / "my_data" / "valid.jsonl")
-    root = own_data.prepare(data=str(tmp_path / "my_data"), out=str(tmp_path / "root"), tokenizer=str(tiny_tokenizer_dir))
+    root = own_data.prepare(data=str(tmp_path / "my_data"), out=str(tmp_path / "root"),
+                            tokenizer=str(tiny_tokenizer_dir))
     assert re.search(r"validation +8 rows,.*my_data/valid\.jsonl", capsys.readouterr().out)
     assert file_sha256(root / "tokenizer" / "tokenizer.json") == file_sha256(tiny_tokenizer_dir / "tokenizer.json")
 

@@ -50,7 +50,8 @@ def run_line(words: list[str], monkeypatch) -> None:
 
 def test_readme_distil_on_your_own_data_runs_as_written(tmp_path, monkeypatch, capsys):
     lines = readme_commands()
-    assert [words[0] for words in lines] == ["export", "python", "python", "python", "python", "python"]  # five commands
+    # five commands
+    assert [words[0] for words in lines] == ["export", "python", "python", "python", "python", "python"]
     assert [words[3] for words in lines[1:]] == ["prepare", "fit", "fit", "evaluate", "table"]
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PWD", str(tmp_path))
@@ -77,7 +78,8 @@ def test_readme_distil_on_your_own_data_runs_as_written(tmp_path, monkeypatch, c
     for name in ("teacher", "sft", "mgsr"):
         config = json.loads((root / "eval" / name / "metrics.json").read_text())["config"]
         # as configs/tiny trains: plain prompts of <= 48 tokens, 24 new tokens (not alpaca, 256/256)
-        assert (config["template"], config["max_prompt_length"], config["sampling"]["max_new_tokens"]) == ("plain", 48, 24)
+        used = (config["template"], config["max_prompt_length"], config["sampling"]["max_new_tokens"])
+        assert used == ("plain", 48, 24)
     table = (root / "results" / "table.md").read_text()
     assert [line.split(" | ")[0] for line in table.splitlines() if line.startswith("| ") and "---" not in line] == [
         "| Method", "| Teacher", "| SFT", "| MGSR"]

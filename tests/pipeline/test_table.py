@@ -25,8 +25,8 @@ def test_table_merges_evaluations_into_markdown_and_png(tmp_path, capsys):
     write_metrics(tmp_path / "a" / "sft", "SFT", [40.0, 42.0])
     write_metrics(tmp_path / "a" / "teacher", "Teacher", [70.0, 72.0])
     write_metrics(tmp_path / "b" / "sft", "SFT", [44.0, 46.0])  # a second training seed of SFT
-    main(["table", "--runs", f"[{tmp_path / 'a'}, {tmp_path / 'b' / 'sft' / 'metrics.json'}]", "--out", str(tmp_path / "t"),
-          "--title", "My data"])
+    main(["table", "--runs", f"[{tmp_path / 'a'}, {tmp_path / 'b' / 'sft' / 'metrics.json'}]",
+          "--out", str(tmp_path / "t"), "--title", "My data"])
     text = (tmp_path / "t" / "table.md").read_text()
     lines = [line for line in text.splitlines() if line.startswith("| ")]
     assert lines[0] == "| Method | test | test EM |"
