@@ -10,8 +10,9 @@ script times each loss on the same logits and prints the median of ``--repeats``
 warm-up, and the ratio to forward_kl with the same chunking. Two more rows: "dac_kl taped" (ClipNet
 band, plain autograd instead of the "rest" variant's written-out backward, the reference it replaced)
 and "sort alone" (DAC-KL's one sort with its log-softmax: the floor of any sort-based band). The
-ratios are the figure to read: on CPU the absolute times move with the machine's load and include the kernel's page faults, since
-torch's CPU allocator maps fresh pages for every large block (half the wall time on a 2-core VM).
+ratios are the figure to read: on CPU the absolute times move with the machine's load and include
+the kernel's page faults, since torch's CPU allocator maps fresh pages for every large block (half
+the wall time on a 2-core VM).
 """
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ def main(argv=None) -> None:
     dtype = getattr(torch, args.dtype)
     length = args.tokens // args.batch
     generator = torch.Generator(device=device).manual_seed(0)
-    student = (torch.randn(args.batch, length, args.vocab, generator=generator, device=device) * 3).to(dtype).requires_grad_(True)
+    student = (torch.randn(args.batch, length, args.vocab, generator=generator, device=device) * 3).to(dtype)
+    student.requires_grad_(True)
     teacher = (torch.randn(args.batch, length, args.vocab, generator=generator, device=device) * 3).to(dtype)
     clip_net = ClipNet().to(device)
     losses = {
@@ -97,9 +99,11 @@ def main(argv=None) -> None:
                 with torch.no_grad():
                     loss(chunk_size)
 
-            train, forward = median_seconds(train_step, args.repeats, device), median_seconds(forward_only, args.repeats, device)
+            train = median_seconds(train_step, args.repeats, device)
+            forward = median_seconds(forward_only, args.repeats, device)
             baseline = baseline or (train, forward)
-            print(f"{name:<16}{str(chunk_size):>11}{train:>11.2f}{train / baseline[0]:>8.2f}{forward:>9.2f}{forward / baseline[1]:>8.2f}")
+            print(f"{name:<16}{str(chunk_size):>11}{train:>11.2f}{train / baseline[0]:>8.2f}"
+                  f"{forward:>9.2f}{forward / baseline[1]:>8.2f}")
 
 
 if __name__ == "__main__":

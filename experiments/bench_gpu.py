@@ -88,7 +88,8 @@ def run_one(args: argparse.Namespace) -> None:
         "--trainer.logger=false", "--trainer.enable_checkpointing=false", "--trainer.callbacks=[]",
         "--trainer.enable_progress_bar=false", "--trainer.log_every_n_steps=1",
         "--model.init_args.export_dir=null",
-        f"--model.init_args.teacher={json.dumps({'name_or_path': None, 'config': teacher, 'dtype': 'bfloat16' if cuda else 'float32'})}",
+        "--model.init_args.teacher="
+        f"{json.dumps({'name_or_path': None, 'config': teacher, 'dtype': 'bfloat16' if cuda else 'float32'})}",
         f"--model.init_args.student={json.dumps({'config': student})}",
         f"--model.init_args.sampling.max_new_tokens={args.max_new_tokens}",
         f"--data.batch_size={args.batch_size}", "--data.max_length=160", "--data.max_prompt_length=96",

@@ -9,10 +9,11 @@ kernel's resident-set high-water mark (writing 5 to ``/proc/self/clear_refs`` se
 current RSS), runs the loss forward and backward once, and reports ``VmHWM − VmRSS_before``: the most
 memory the loss ever held at once on top of its inputs. RSS counts pages actually written, which is
 what the loss needed, and it sees every allocation, unlike Python-level tracers (tracemalloc does not
-see torch's allocator). It is honest on CPU because the subprocess runs with ``MALLOC_MMAP_THRESHOLD_`` = 1 MiB: glibc
-then serves every block of 1 MiB or more with mmap and unmaps it on free, so freed [rows, V]
-intermediates do not linger in the heap (with glibc's default, dynamic threshold, freed blocks under
-32 MiB are kept and would be counted); small-block arenas and Python objects add a few MiB of noise. With ``--device cuda`` the figure is
+see torch's allocator). It is honest on CPU because the subprocess runs with
+``MALLOC_MMAP_THRESHOLD_`` = 1 MiB: glibc then serves every block of 1 MiB or more with mmap and
+unmaps it on free, so freed [rows, V] intermediates do not linger in the heap (with glibc's default,
+dynamic threshold, freed blocks under 32 MiB are kept and would be counted); small-block arenas and
+Python objects add a few MiB of noise. With ``--device cuda`` the figure is
 ``torch.cuda.max_memory_allocated`` over the same window instead.
 
 The figure includes the gradient of the student logits (their size, in their dtype), which every
@@ -104,9 +105,11 @@ def measure(args: argparse.Namespace, loss_name: str, path: str) -> dict:
 def run_child(argv: list[str], loss_name: str, path: str, tokens: int) -> dict:
     """``measure`` in a fresh subprocess (with glibc's mmap threshold pinned, see the docstring)."""
     command = [sys.executable, __file__, *argv, "--tokens", str(tokens), "--child", loss_name, path]
-    child = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "MALLOC_MMAP_THRESHOLD_": str(2**20)})
+    child = subprocess.run(command, capture_output=True, text=True,
+                           env={**os.environ, "MALLOC_MMAP_THRESHOLD_": str(2**20)})
     if child.returncode != 0:
-        raise RuntimeError(child.stderr.strip().splitlines()[-1] if child.stderr.strip() else f"exit code {child.returncode}")
+        raise RuntimeError(child.stderr.strip().splitlines()[-1] if child.stderr.strip()
+                           else f"exit code {child.returncode}")
     return json.loads(child.stdout.strip().splitlines()[-1])
 
 
@@ -123,7 +126,8 @@ def main(argv=None) -> None:
         return
     gib = 2**30
     print(
-        f"B·T = {args.tokens:,} (B = {args.batch}), V = {args.vocab:,}, {args.dtype} logits, chunk_size = {args.chunk_size}, "
+        f"B·T = {args.tokens:,} (B = {args.batch}), V = {args.vocab:,}, {args.dtype} logits, "
+        f"chunk_size = {args.chunk_size}, "
         f"device = {args.device}; forward + backward, peak memory on top of the inputs"
     )
     print(f"{'loss':<18}{'path':<9}{'extra GiB':>10}{'grad GiB':>10}{'beyond grad':>13}{'seconds':>9}")

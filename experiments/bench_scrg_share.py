@@ -68,7 +68,8 @@ def main() -> None:
     print(f"  step wall time            {step:.3f} s")
     print(f"  student rollout           {rollout:.3f} s  ({100 * rollout / step:.1f}% of the step)")
     print(f"  SCRG (score, correct, re-generate) {scrg:.3f} s  ({100 * scrg / step:.1f}% of the step)")
-    print(f"  losses + backward + optimizer {step - rollout - scrg:.3f} s  ({100 * (step - rollout - scrg) / step:.1f}%)")
+    print(f"  losses + backward + optimizer {step - rollout - scrg:.3f} s  "
+          f"({100 * (step - rollout - scrg) / step:.1f}%)")
     print("SCRG corrections:")
     print(f"  rows corrected            {100 * mean('scrg/corrected_fraction'):.1f}%")
     print(f"  mean error position       {mean('scrg/mean_error_position'):.2f} (response token index)")

@@ -55,7 +55,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--length", type=int, default=128, help="prompt + response tokens")
     parser.add_argument("--new-tokens", type=int, default=40, help="sampled response tokens")
-    parser.add_argument("--chunk-size", type=int, default=32, help="positions per loss chunk (distillation and span terms)")
+    parser.add_argument("--chunk-size", type=int, default=32,
+                        help="positions per loss chunk (distillation and span terms)")
     parser.add_argument("--no-naive", action="store_true", help="skip MGSR's unchunked run")
     parser.add_argument("--child", nargs=2, metavar=("METHOD", "CHUNK"), help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -110,16 +111,19 @@ def measure(args: argparse.Namespace, method: str, chunked: bool) -> dict:
             self.rows.append(row)
 
     overrides = [
-        "--config", str(REPO / "configs" / "smollm2" / f"{method}.yaml"), "--config", str(REPO / "configs" / "common" / "cpu.yaml"),
+        "--config", str(REPO / "configs" / "smollm2" / f"{method}.yaml"),
+        "--config", str(REPO / "configs" / "common" / "cpu.yaml"),
         f"--data.batch_size={args.batch}", f"--data.max_length={args.length}",
-        f"--data.max_prompt_length={args.length - args.new_tokens}", f"--model.init_args.sampling.max_new_tokens={args.new_tokens}",
+        f"--data.max_prompt_length={args.length - args.new_tokens}",
+        f"--model.init_args.sampling.max_new_tokens={args.new_tokens}",
         f"--trainer.max_steps={args.steps + args.warmup}", "--trainer.limit_val_batches=0", "--trainer.logger=false",
         "--trainer.enable_checkpointing=false", "--trainer.callbacks=[]", "--model.init_args.export_dir=null",
         "--trainer.enable_progress_bar=false", *SAMPLING.get(method, []),
     ]
     chunk = args.chunk_size if chunked else "null"
     if method != "sft":  # SFT has no distillation term to chunk
-        overrides += [f'--model.init_args.distill={{"chunk_size": {chunk}}}', f'--model.init_args.span={{"chunk_size": {chunk}}}']
+        overrides += [f'--model.init_args.distill={{"chunk_size": {chunk}}}',
+                      f'--model.init_args.span={{"chunk_size": {chunk}}}']
     cli = DistillCLI(DistillLightningModule, InstructionDataModule, subclass_mode_model=True,
                      parser_kwargs={"parser_mode": PARSER_MODE}, save_config_callback=None, run=False, args=overrides)
     timer = StepTimer()
@@ -130,7 +134,8 @@ def measure(args: argparse.Namespace, method: str, chunked: bool) -> dict:
     def mean(key: str) -> float:
         return statistics.fmean(row.get(key, 0.0) for row in rows)
 
-    return {"steps": len(rows), "step": mean("step"), "cpu": mean("cpu"), "rollout": mean("rollout/seconds"), "scrg": mean("scrg/seconds"),
+    return {"steps": len(rows), "step": mean("step"), "cpu": mean("cpu"), "rollout": mean("rollout/seconds"),
+            "scrg": mean("scrg/seconds"),
             "loss": mean("loss"), "response_tokens": mean("rollout/response_tokens"),
             "peak_rss_gib": _status_kib("VmHWM") / 2**20}
 
@@ -153,7 +158,8 @@ def main(argv=None) -> None:
     print(f"SmolLM2-135M-Instruct (30 layers) -> 6-layer student, CPU fp32, batch {args.batch} x {args.length} tokens, "
           f"rollouts of {args.new_tokens} tokens, torch threads {os.environ.get('OMP_NUM_THREADS', 'default')}; "
           f"means of {args.steps} steps after {args.warmup} warm-up")
-    print(f"{'method':<24}{'s/step':>8}{'CPU s':>7}{'rollout':>9}{'SCRG':>8}{'losses':>8}{'rest':>8}{'gen. share':>11}{'peak RSS':>10}")
+    print(f"{'method':<24}{'s/step':>8}{'CPU s':>7}{'rollout':>9}{'SCRG':>8}{'losses':>8}{'rest':>8}"
+          f"{'gen. share':>11}{'peak RSS':>10}")
     runs = [(method, True) for method in args.methods]
     if "mgsr" in args.methods and not args.no_naive:
         runs.append(("mgsr", False))

@@ -169,13 +169,14 @@ def texts(ids: list[int]) -> str:
 
 def method_kwargs(method: str) -> dict:
     """The module's init args of ``configs/methods/<method>.yaml``, regime on-policy where it samples."""
+    import yaml
+    from omegaconf import OmegaConf
+
     from mgsr_lightning.cli import _compose
     from mgsr_lightning.generation import SamplingConfig  # noqa: F401  (imported for the dataclasses below)
     from mgsr_lightning.losses.objective import DistillLoss, SpanLoss
     from mgsr_lightning.regimes import RegimeConfig
     from mgsr_lightning.scrg import ScrgConfig
-    import yaml
-    from omegaconf import OmegaConf
 
     name = {"seqkd": "sft"}.get(method, method)  # SeqKD = SFT on the teacher's responses, sampled beforehand
     path = REPO / "configs" / "methods" / f"{name}.yaml"
@@ -213,8 +214,10 @@ def run_ours(method: str, work: Path, args: argparse.Namespace) -> dict:
     batches = []
     for b in range(n_batches):
         chunk = examples[b * args.batch_size : (b + 1) * args.batch_size]
-        rollout = Rollout.from_token_lists([e["prompt"] for e in chunk], [e["response"] for e in chunk], pad_token_id=1)
-        batches.append(rollout.tensors() | {"example_index": torch.arange(b * args.batch_size, (b + 1) * args.batch_size)})
+        rollout = Rollout.from_token_lists([e["prompt"] for e in chunk], [e["response"] for e in chunk],
+                                           pad_token_id=1)
+        example_index = torch.arange(b * args.batch_size, (b + 1) * args.batch_size)
+        batches.append(rollout.tensors() | {"example_index": example_index})
 
     sampling = SamplingConfig(max_new_tokens=args.new_tokens)
     one_off_seconds = 0.0
@@ -259,7 +262,6 @@ def run_ours(method: str, work: Path, args: argparse.Namespace) -> dict:
 
 
 def run_trl(method: str, work: Path, args: argparse.Namespace) -> dict:
-    import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
@@ -386,8 +388,8 @@ def table(runs: dict[str, list[dict]], args: argparse.Namespace) -> str:
 
     per_sample = lambda s: s / args.batch_size  # noqa: E731
     lines = [
-        "| Method | Ours: s/sample | steps/s | peak RSS MiB | one-off s/sample | TRL trainer | TRL: s/sample | steps/s | "
-        "peak RSS MiB | ours/TRL steps/s |",
+        "| Method | Ours: s/sample | steps/s | peak RSS MiB | one-off s/sample | TRL trainer | TRL: s/sample "
+        "| steps/s | peak RSS MiB | ours/TRL steps/s |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in dict.fromkeys(r for r, _, _ in JOBS):
@@ -440,8 +442,9 @@ def targets(runs: dict[str, list[dict]]) -> list[str]:
     if last and "scrg/mean_error_position" in last[0]:
         lines.append(f"- SCRG on the last step of each run: error at response token "
                      f"{statistics.median(m['scrg/mean_error_position'] for m in last):.1f}, "
-                     f"{statistics.median(m['scrg/mean_regenerated_tokens'] for m in last):.1f} tokens re-generated per "
-                     f"corrected row, {100 * statistics.median(m['scrg/corrected_fraction'] for m in last):.0f}% of rows corrected")
+                     f"{statistics.median(m['scrg/mean_regenerated_tokens'] for m in last):.1f} "
+                     "tokens re-generated per corrected row, "
+                     f"{100 * statistics.median(m['scrg/corrected_fraction'] for m in last):.0f}% of rows corrected")
     scrg = [run["last_metrics"].get("scrg/seconds") for run in runs.get("ours:mgsr", [])]
     scrg = [s for s in scrg if s is not None]
     if scrg and mgsr:

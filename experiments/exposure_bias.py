@@ -67,9 +67,9 @@ def merge_runs(folders: list[Path]) -> dict:
 
 def print_table(curves: dict, header: str) -> None:
     width = min(len(curve["ex_acc_err"]) for curve in curves.values())
-    lengths = [l for l in LENGTHS if l <= width]
+    lengths = [length for length in LENGTHS if length <= width]
     print(header)
-    print("| student | " + " | ".join(f"l={l}" for l in lengths) + " | R(L) | L·ε(L) |")
+    print("| student | " + " | ".join(f"l={length}" for length in lengths) + " | R(L) | L·ε(L) |")
     print("|---|" + "---:|" * (len(lengths) + 2))
 
     def cell(curve, key, index, digits):
@@ -77,7 +77,7 @@ def print_table(curves: dict, header: str) -> None:
         return f"{curve[key][index]:.{digits}f}" + (f" ± {error[index]:.{digits}f}" if error else "")
 
     for name, curve in curves.items():
-        cells = " | ".join(cell(curve, "ex_acc_err", l - 1, 1) for l in lengths)
+        cells = " | ".join(cell(curve, "ex_acc_err", length - 1, 1) for length in lengths)
         print(f"| {name} | {cells} | {cell(curve, 'regret', -1, 2)} | {cell(curve, 'forced_error', -1, 2)} |")
 
 
@@ -129,7 +129,8 @@ def main() -> None:
             parser.error(f"--merge: no exposure_bias.json in {', '.join(missing)}")
         merged = merge_runs(args.merge)
         print_table(merged["curves"], f"ExAccErr(l) in %, mean ± SE over {len(args.merge)} runs, "
-                                      f"{merged['prompts']} prompts x {merged['samples']} samples per model and run, T = 1")
+                                      f"{merged['prompts']} prompts x {merged['samples']} samples "
+                                      "per model and run, T = 1")
         out.mkdir(parents=True, exist_ok=True)
         (out / "exposure_bias.json").write_text(json.dumps(merged, indent=1) + "\n")
         plot(merged["curves"], out / "exposure_bias.png",

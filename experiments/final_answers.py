@@ -78,7 +78,8 @@ def accuracy(generations: Path, rows: list[dict]) -> tuple[float, dict[str, floa
         if reference is not None:
             right[row["family"]].append(final_answer(generation["prediction"], row["family"]) == reference)
     every = [hit for hits in right.values() for hit in hits]
-    return 100 * statistics.fmean(every), {family: 100 * statistics.fmean(hits) for family, hits in sorted(right.items())}
+    return 100 * statistics.fmean(every), {family: 100 * statistics.fmean(hits)
+                                           for family, hits in sorted(right.items())}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -83,8 +83,10 @@ def main() -> int:
     run(evaluate)
     run(["table", "--runs", f"[{root / 'eval'}]", "--out", str(root / "results")])
 
-    scores = {Path(model).name: json.loads((root / "eval" / Path(model).name / "metrics.json").read_text())["avg"]["rougeL"]
-              for model in models}
+    scores = {
+        Path(model).name: json.loads((root / "eval" / Path(model).name / "metrics.json").read_text())["avg"]["rougeL"]
+        for model in models
+    }
     sft = scores["sft"]
     lines = [f"ROUGE-L on {root / 'data' / 'test.jsonl'} (teacher {scores['teacher']:.2f}, SFT {sft:.2f}; "
              f"check: each method >= {SHARE_OF_SFT} x SFT = {SHARE_OF_SFT * sft:.2f})",

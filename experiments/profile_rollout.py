@@ -42,13 +42,17 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     examples = json.loads(open(f"{args.work}/data.json").read())[:8]
-    prompts = Rollout.from_token_lists([e["prompt"] for e in examples], [e["response"] for e in examples], pad_token_id=1)
+    prompts = Rollout.from_token_lists([e["prompt"] for e in examples], [e["response"] for e in examples],
+                                       pad_token_id=1)
     student = AutoModelForCausalLM.from_pretrained(f"{args.work}/student").eval()
     teacher = AutoModelForCausalLM.from_pretrained(f"{args.work}/teacher").eval()
-    decoding = Decoding(SamplingConfig(max_new_tokens=64), eos_token_id=0, pad_token_id=1, vocab_size=4096, max_length=96)
+    decoding = Decoding(SamplingConfig(max_new_tokens=64), eos_token_id=0, pad_token_id=1, vocab_size=4096,
+                        max_length=96)
     seeds = rollout_seeds(0, 0, 8)
-    sample_seconds, rollout = median_seconds(lambda: sample(student, prompts.prompt_ids, prompts.prompt_mask, decoding, seeds=seeds))
-    revise_seconds, result = median_seconds(lambda: revise(student, teacher, rollout, ScrgConfig(), decoding, seeds=seeds))
+    sample_seconds, rollout = median_seconds(
+        lambda: sample(student, prompts.prompt_ids, prompts.prompt_mask, decoding, seeds=seeds))
+    revise_seconds, result = median_seconds(
+        lambda: revise(student, teacher, rollout, ScrgConfig(), decoding, seeds=seeds))
     full_rescore_seconds, _ = median_seconds(
         lambda: revise(student, teacher, rollout, ScrgConfig(reuse_teacher_cache=False), decoding, seeds=seeds))
     teacher_seconds, _ = median_seconds(lambda: response_logits(teacher, rollout, 4096))
@@ -59,8 +63,10 @@ def main() -> None:
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 
-        for name, call in (("sample", lambda: sample(student, prompts.prompt_ids, prompts.prompt_mask, decoding, seeds=seeds)),
-                           ("revise", lambda: revise(student, teacher, rollout, ScrgConfig(), decoding, seeds=seeds))):
+        for name, call in (
+            ("sample", lambda: sample(student, prompts.prompt_ids, prompts.prompt_mask, decoding, seeds=seeds)),
+            ("revise", lambda: revise(student, teacher, rollout, ScrgConfig(), decoding, seeds=seeds)),
+        ):
             with profile(activities=[ProfilerActivity.CPU]) as profiler:
                 call()
             print(f"\n{name}:")

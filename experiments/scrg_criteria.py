@@ -65,7 +65,8 @@ def main() -> None:
         rollout = sample(student, ground_truth.prompt_ids, ground_truth.prompt_mask, decoding, seeds=seeds)
         gt_nll = float(response_cross_entropy(response_logits(teacher, ground_truth, len(tokenizer)), ground_truth))
     print(f"student {args.student}, teacher {root / 'teacher'}, {ground_truth.batch_size} validation prompts, "
-          f"max_new_tokens {args.max_new_tokens}, seed {args.seed}, mean rollout length {rollout.response_lengths().float().mean():.1f}")
+          f"max_new_tokens {args.max_new_tokens}, seed {args.seed}, "
+          f"mean rollout length {rollout.response_lengths().float().mean():.1f}")
     print(f"teacher NLL per token on the ground-truth responses: {gt_nll:.3f}\n")
     header = (f"{'criterion':<28} {'n':>2} {'T-NLL before':>12} {'T-NLL after':>11} {'S-NLL before':>12} "
               f"{'corrected':>9} {'error pos':>9} {'regen tok':>9} {'length':>6} {'seconds':>7}")

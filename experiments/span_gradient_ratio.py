@@ -77,7 +77,8 @@ def measure(teacher, student, ids: torch.Tensor, span_length: int) -> list[str]:
     distill = forward_kl(student_logits, teacher_logits)
     cross_entropy = F.cross_entropy(student_logits.reshape(-1, student_logits.size(-1)), ids[:, 1:].reshape(-1))
     fkl_to_ce = gradient_norm_ratio(distill, cross_entropy, params).item()
-    lines = [f"  forward KL {distill.item():.4f}, cross-entropy {cross_entropy.item():.4f}, ‖∇FKL‖/‖∇CE‖ {fkl_to_ce:.3f}"]
+    lines = [f"  forward KL {distill.item():.4f}, cross-entropy {cross_entropy.item():.4f}, "
+             f"‖∇FKL‖/‖∇CE‖ {fkl_to_ce:.3f}"]
     for relation in RELATIONS:
         span = span_correlation_loss(student_logits, teacher_logits, spans=spans, relation=relation)
         to_fkl = gradient_norm_ratio(span, distill, params).item()

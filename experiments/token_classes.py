@@ -43,7 +43,8 @@ def token_classes(model, tokenizer, records, template: str) -> dict[str, tuple[f
     totals = {"content": [0.0, 0, 0], "rest": [0.0, 0, 0]}
     for example in examples:
         prompt, response = example.prompt_ids, example.response_ids
-        log_probs = torch.log_softmax(model(torch.tensor([prompt + response])).logits[0, len(prompt) - 1 : -1].float(), -1)
+        logits = model(torch.tensor([prompt + response])).logits[0, len(prompt) - 1 : -1]
+        log_probs = torch.log_softmax(logits.float(), -1)
         target = torch.tensor(response)  # [R]; log_probs [R, V]
         nll = -log_probs.gather(-1, target[:, None]).squeeze(-1)
         correct = log_probs.argmax(-1) == target

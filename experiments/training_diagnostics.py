@@ -107,7 +107,8 @@ def plot(methods: dict[str, list], out: Path) -> None:
             means = [sum(by_step[s]) / len(by_step[s]) for s in steps]
             if column.startswith(("scrg/", "source/")) and len(steps) > 20:  # per-step 0/1-like: smooth
                 window = max(len(steps) // 20, 1)
-                means = [sum(means[max(0, i - window + 1) : i + 1]) / len(means[max(0, i - window + 1) : i + 1]) for i in range(len(means))]
+                means = [sum(means[max(0, i - window + 1) : i + 1]) / len(means[max(0, i - window + 1) : i + 1])
+                         for i in range(len(means))]
             axis.plot(steps, means, color=colours[method], marker="o" if len(steps) < 20 else None, markersize=3)
         axis.set_title(column)
         axis.set_xlabel("step")
