@@ -44,7 +44,10 @@ def candidates_of(grid: dict) -> dict[str, dict]:
 
 
 def overrides_of(spec: dict) -> tuple[str, ...]:
-    return tuple(f"--{key}={json.dumps(value)}" for key, value in spec.get("overrides", {}).items())
+    """``--key=value`` per override: strings as they are (a quoted JSON string would reach a ``Literal`` option
+    with its quotes), everything else as JSON."""
+    return tuple(f"--{key}={value if isinstance(value, str) else json.dumps(value)}"
+                 for key, value in spec.get("overrides", {}).items())
 
 
 def train_one(grid: dict, name: str, seed: int, test: bool) -> None:
