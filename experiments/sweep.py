@@ -35,7 +35,9 @@ TIE = 0.1  # a candidate must beat its method's shipped default by more than thi
 
 def load_grid(path: Path) -> dict:
     grid = yaml.safe_load(path.read_text())
-    groups = {**grid.get("methods", {}), **({"table_3c": grid["table_3c"]} if "table_3c" in grid else {})}
+    # the method groups, then every other top-level mapping of candidates (analyses such as table_3c)
+    others = {key: value for key, value in grid.items() if key not in ("methods", "pair") and isinstance(value, dict)}
+    groups = {**grid.get("methods", {}), **others}
     return {"pair": grid.get("pair", "facts"), "groups": groups, "methods": list(grid.get("methods", {}))}
 
 
