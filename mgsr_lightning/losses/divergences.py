@@ -52,6 +52,14 @@ def _check_weight(name: str, value: float) -> None:
         raise ValueError(f"{name} must be in [0, 1], got {value}")
 
 
+def check_terms_params(terms: EntryTerms, params: dict) -> None:
+    """Refuse ``params`` for ``terms`` before any work: a misspelt name is a TypeError, a value out of
+    range the terms' own ValueError (they are run once on a 1 × 1 block)."""
+    inspect.signature(terms).bind(None, None, **params)
+    zeros = torch.zeros(1, 1)
+    terms(zeros, zeros, **params)
+
+
 def divergence(terms: EntryTerms) -> Callable[..., Tensor]:
     """The loss of a divergence given its per-entry terms (module docstring): the shared signature, the
     position loop (masking, chunking, reduction) and ``.terms``. ``terms`` checks its own parameters."""
@@ -61,8 +69,7 @@ def divergence(terms: EntryTerms) -> Callable[..., Tensor]:
     def loss(student_logits: Tensor, teacher_logits: Tensor, mask: Tensor | None = None, *, temperature: float = 1.0,
              reduction: str = "mean", chunk_size: int | None = None, **params) -> Tensor:
         check_inputs(student_logits, teacher_logits, mask, temperature, reduction, chunk_size)
-        inspect.signature(terms).bind(None, None, **params)  # a misspelt parameter is a TypeError here, not per chunk
-        terms(student_logits.new_zeros(1, 1).float(), teacher_logits.new_zeros(1, 1).float(), **params)  # ranges
+        check_terms_params(terms, params)
 
         def row_fn(student_rows: Tensor, teacher_rows: Tensor) -> Tensor:  # [n, V], [n, V] -> [n, 1]
             student_log_probs, teacher_log_probs = log_softmax_pair(student_rows, teacher_rows, temperature)
