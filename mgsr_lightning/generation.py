@@ -3,63 +3,46 @@
 ``response_logits`` runs a model over a rollout and returns the logits aligned with the response
 tokens, which is what every loss and SCRG's scoring compare.
 
-``sample`` is our own decode loop over a Hugging Face ``DynamicCache`` rather than
-``model.generate``, for two things ``generate`` does not offer: per-row random streams (so a row's
-sample depends only on its own seed) and a per-row length cap. What it needs besides the model,
-prompts and seeds is one :class:`Decoding`: the sampling config, the special ids and the limits,
-built once by the caller. It can also continue from a KV cache the caller already holds
+``sample`` is our own decode loop rather than ``model.generate``, for two things ``generate`` does not
+offer: per-row random streams (so a row's sample depends only on its own seed,
+:func:`mgsr_lightning.sampling.choose_tokens`) and a per-row length cap. What it needs besides the
+model, prompts and seeds is one :class:`Decoding`: the sampling config, the decode loop's config, the
+special ids and the limits, built once by the caller. By default its KV cache is preallocated at the
+rollout's final length and written in place (:mod:`mgsr_lightning.kv_cache`), so the one-token step
+has fixed shapes and can be compiled. It can also continue from a KV cache the caller already holds
 (:func:`realigned_cache`), which is how SCRG re-generates without re-encoding the kept prefix.
 
-Sampling with seeds draws token i of row b at the inverse CDF of ``counter_uniforms(seeds, i)[b]``
-(a SplitMix64 hash of the row's seed and i, :mod:`mgsr_lightning.seeding`): one uniform per row
-and step for the whole batch, no generator objects. Before this sampler, rows drew from one
-``torch.Generator`` each with ``torch.multinomial``; the same seed now gives other (equally
-distributed) samples than those versions did.
+Before the counter-based sampler, rows drew from one ``torch.Generator`` each with
+``torch.multinomial``; the same seed now gives other (equally distributed) samples than those versions did.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor, nn
-from transformers import Cache, DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers import Cache
 
 from mgsr_lightning.batch import Rollout, positions_from_mask
 from mgsr_lightning.distributed import every_rank, is_distributed, max_over_ranks
-from mgsr_lightning.seeding import counter_uniforms
+from mgsr_lightning.kv_cache import one_token_step, preallocated_cache, realigned_cache
+from mgsr_lightning.sampling import (
+    DecodingConfig,
+    SamplingConfig,
+    choose_tokens,
+    filter_logits,
+    inverse_cdf,
+    token_id_tensor,
+)
 
-
-@dataclass
-class SamplingConfig:
-    """Sampling for student rollouts and evaluation (defaults = DistiLLM/MiniLLM: T=1, top_k=0 (off), top_p=1).
-
-    Args:
-        do_sample: sample from the (filtered) distribution; False = greedy argmax.
-        temperature: logits are divided by it before top-k/top-p (sampling only).
-        top_k: keep the k most likely tokens (ties at the k-th logit are kept); 0 = off.
-        top_p: keep the smallest set of most likely tokens whose mass reaches top_p; 1 = off.
-        max_new_tokens: most response tokens per row (the EOS that ends a response included).
-    """
-
-    do_sample: bool = True
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    max_new_tokens: int = 256
-
-    def __post_init__(self) -> None:
-        if self.do_sample and self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0 when sampling, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1] (1 = off), got {self.top_p}")
-        if self.max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+__all__ = [  # the decode loop's names, including those re-exported from ``sampling`` and ``kv_cache``
+    "Decoding", "DecodingConfig", "SamplingConfig", "choose_tokens", "decode_responses", "eval_mode",
+    "filter_logits", "inverse_cdf", "realigned_cache", "response_logits", "response_logits_and_cache",
+    "response_logits_from_prefix", "sample", "token_id_tensor",
+]
 
 
 @dataclass(frozen=True)
@@ -75,6 +58,7 @@ class Decoding:
         synced: keep decoding (finished rows only feed padding) until every rank of the process
             group has finished. Needed when a forward is a collective, as under FSDP: a rank that
             stopped early would leave the others waiting. The result is the same as unsynced.
+        loop: how the decode loop runs (static KV cache, compiled step); the tokens do not depend on it.
     """
 
     sampling: SamplingConfig
@@ -83,6 +67,7 @@ class Decoding:
     vocab_size: int | None = None
     max_length: int | None = None
     synced: bool = False
+    loop: DecodingConfig = field(default_factory=DecodingConfig)
 
     def with_max_new_tokens(self, max_new_tokens: int | None) -> Decoding:
         """The same decoding with another response budget (None: unchanged)."""
@@ -150,29 +135,6 @@ def response_logits_from_prefix(
     return torch.cat([earlier_logits[:, : unchanged + 1, :vocab_size], suffix], dim=1)
 
 
-def realigned_cache(cache: Cache, rows: Tensor, columns: Tensor) -> DynamicCache | None:
-    """A new cache whose row n, column c holds ``cache``'s row ``rows[n]``, column ``columns[n, c]``.
-
-    rows: [N] long; columns: [N, L] long. The cached keys already carry their positions (absolute
-    embeddings are in the hidden states, rotary ones are applied before caching), so moving an entry
-    to another column changes nothing as long as the attention mask follows it. This is how a
-    prefix of a forward over ``prompt + response`` becomes the cache of a left-padded
-    ``prompt + response[:j]``. Returns None when ``cache`` is not a plain ``DynamicCache`` of full
-    layers (sliding windows, quantised or offloaded caches), so the caller re-encodes instead.
-    """
-    if type(cache) is not DynamicCache or any(type(layer) is not DynamicLayer for layer in cache.layers):
-        return None
-    if any(layer.keys is None or layer.keys.dim() != 4 for layer in cache.layers):
-        return None
-    moved = []
-    for layer in cache.layers:
-        keys, values = layer.keys[rows], layer.values[rows]  # [N, H, S, D]
-        index = columns[:, None, :, None].to(keys.device)  # [N, 1, L, 1]
-        moved.append((keys.gather(2, index.expand(-1, keys.size(1), -1, keys.size(3))),
-                      values.gather(2, index.expand(-1, values.size(1), -1, values.size(3)))))
-    return DynamicCache(moved)
-
-
 @contextlib.contextmanager
 def eval_mode(*models: nn.Module) -> Iterator[None]:
     """Switch models to eval mode (dropout off) and restore each one's train/eval flag on exit."""
@@ -184,55 +146,6 @@ def eval_mode(*models: nn.Module) -> Iterator[None]:
     finally:
         for model, was_training in zip(models, previous):
             model.train(was_training)
-
-
-def filter_logits(logits: Tensor, config: SamplingConfig) -> Tensor:
-    """Temperature, then top-k, then top-p on [N, V] logits, as HF's warpers; removed tokens get -inf."""
-    logits = logits / config.temperature
-    if config.top_k > 0:
-        kth_largest = logits.topk(min(config.top_k, logits.size(-1)), dim=-1).values[..., -1:]  # [N, 1]
-        logits = logits.masked_fill(logits < kth_largest, float("-inf"))
-    if config.top_p < 1.0:
-        sorted_logits, sorted_index = logits.sort(dim=-1, descending=True)
-        sorted_probs = sorted_logits.softmax(-1)
-        # A token is kept while the mass strictly before it is below top_p, so the top-1 always stays.
-        mass_before = sorted_probs.cumsum(-1) - sorted_probs
-        remove_sorted = mass_before >= config.top_p
-        remove_sorted[..., 0] = False
-        remove = remove_sorted.scatter(-1, sorted_index, remove_sorted)
-        logits = logits.masked_fill(remove, float("-inf"))
-    return logits
-
-
-def choose_tokens(logits: Tensor, config: SamplingConfig, seeds: Tensor | None = None, counter: int = 0) -> Tensor:
-    """Next token per row from [N, V] logits: greedy, or a draw from the filtered distribution.
-
-    With ``seeds`` [N] int64, row i takes the inverse CDF of its distribution at
-    ``counter_uniforms(seeds, counter)[i]``, so its draw depends only on its seed, the counter and its
-    logits; otherwise the draws come from the global torch RNG.
-    """
-    if not config.do_sample:
-        return logits.argmax(-1)
-    probs = filter_logits(logits.float(), config).softmax(-1)  # [N, V]
-    if seeds is None:
-        return torch.multinomial(probs, 1).squeeze(-1)
-    return inverse_cdf(probs, counter_uniforms(seeds.to(probs.device), counter))
-
-
-def inverse_cdf(probs: Tensor, uniforms: Tensor) -> Tensor:
-    """[N] token ids: for each row of ``probs`` [N, V], the first token whose cumulative mass exceeds
-    ``uniforms`` [N] (in [0, 1)) times the row's total. A token of probability 0 is never chosen."""
-    cumulative = probs.double().cumsum(-1)  # [N, V]; float64 so that V = 150k small steps stay exact enough
-    total = cumulative[:, -1:]
-    tokens = torch.searchsorted(cumulative, uniforms[:, None] * total, right=True).squeeze(-1)  # [N]
-    # u·total can round up to total: take the last token with mass then (the first to reach the total)
-    last_real = (cumulative < total).sum(-1)
-    return torch.minimum(tokens, last_real)
-
-
-def token_id_tensor(token_ids: int | Sequence[int], device: torch.device) -> Tensor:
-    """[K] long: one id or several (e.g. a model with more than one end-of-turn token), for ``torch.isin``."""
-    return torch.as_tensor([token_ids] if isinstance(token_ids, int) else list(token_ids), device=device)
 
 
 @torch.no_grad()
@@ -252,13 +165,14 @@ def sample(
         model: a Hugging Face causal LM (GPT-2, OPT, LLaMA, ...); run in eval mode, its mode restored after.
         prompt_ids: [B, P] left-padded with the pad id; every row needs >= 1 real token.
         prompt_mask: [B, P] bool, True on real prompt tokens.
-        decoding: sampling config, special ids, vocabulary cut, length cap and lockstep (see ``Decoding``).
+        decoding: sampling, decode loop, special ids, vocabulary cut, length cap and lockstep (``Decoding``).
         seeds: [B] int64; row i's token t is then drawn with ``counter_uniforms(seeds, t)[i]``, so
             its sample does not depend on the other rows or on its padding. None: global torch RNG.
         max_length: cap on prompt real length + response length, an int or one per row [B], in
             place of ``decoding.max_length``.
         cache: the model's KV cache over ``prompt_ids[:, :-1]`` (same columns, same mask), e.g. from
-            :func:`realigned_cache`; the prefill then feeds only the last prompt column. Extended in place.
+            :func:`realigned_cache`; the prefill then feeds only the last prompt column. Extended in
+            place, or with ``decoding.loop.static_cache`` copied once into the preallocated cache.
 
     Runs under ``torch.no_grad`` (not ``inference_mode``), so the ids can feed a forward with grad.
 
@@ -291,16 +205,22 @@ def sample(
     response_mask = prompt_mask.new_zeros(batch_size, max_steps)
     attention_mask = torch.cat([prompt_mask.long(), prompt_mask.new_ones(batch_size, max_steps, dtype=torch.long)], 1)
     steps_run = 0
+    fed = 1 if cache is not None else prompt_width
+    static = decoding.loop.static_cache and max_steps > 0
+    if static:  # every column the loop writes, allocated once: [B, H, P + R, D] per layer
+        cache = preallocated_cache(model, prompt_width + max_steps, cache)
+    one_token = one_token_step(model, decoding.loop.compile)
     with eval_mode(model):
         # The first step is the prefill over the whole prompt (or its last column, continuing a cache);
         # later steps feed one token per row.
         positions = positions_from_mask(prompt_mask)  # [B, P]
-        fed = 1 if cache is not None else prompt_width
         input_ids, positions = prompt_ids[:, prompt_width - fed :], positions[:, prompt_width - fed :]
         for step in range(max_steps):
-            outputs = model(
+            # A static cache takes the mask over all its columns (fixed shapes); the causal mask hides
+            # the columns not written yet. A dynamic cache takes the columns written so far.
+            outputs = (one_token if input_ids.size(1) == 1 else model)(
                 input_ids=input_ids,
-                attention_mask=attention_mask[:, : prompt_width + step],
+                attention_mask=attention_mask if static else attention_mask[:, : prompt_width + step],
                 position_ids=positions,
                 cache=cache,
                 use_cache=True,

@@ -36,7 +36,7 @@ from mgsr_lightning.callbacks import (
     ValidationConfig,
     generate_texts,
 )
-from mgsr_lightning.generation import Decoding, SamplingConfig, response_logits
+from mgsr_lightning.generation import Decoding, DecodingConfig, SamplingConfig, response_logits
 from mgsr_lightning.losses.objective import DistillLoss, Objective, SpanLoss, build_clip_net, response_cross_entropy
 from mgsr_lightning.losses.saturation import FarFromTeacherWarning, saturation_message
 from mgsr_lightning.models import ModelSource, check_pair_vocabularies, load_causal_lm
@@ -73,6 +73,8 @@ class DistillLightningModule(L.LightningModule):
         regime: Where the training sequences come from.
         scrg: Sequence correction and re-generation applied to every fresh student output; None = off.
         sampling: Sampling of student rollouts (DistiLLM/MiniLLM: T=1, top_k=0, top_p=1).
+        decoding: How the rollouts' decode loop runs: a preallocated (static) KV cache (default) and
+            ``compile: true`` to run its one-token step under torch.compile; the tokens are the same.
         optimizer: Optimizer and schedule.
         validation: Validation generation metrics.
         export_dir: Folder the student is saved to in Hugging Face format at the end of fit (the
@@ -96,6 +98,7 @@ class DistillLightningModule(L.LightningModule):
         regime: RegimeConfig = RegimeConfig(),
         scrg: ScrgConfig | None = None,
         sampling: SamplingConfig = SamplingConfig(),
+        decoding: DecodingConfig = DecodingConfig(),
         optimizer: OptimizerConfig = OptimizerConfig(),
         validation: ValidationConfig = ValidationConfig(),
         export_dir: str | None = None,
@@ -116,6 +119,7 @@ class DistillLightningModule(L.LightningModule):
             raise ValueError("set `tokenizer`: neither the student nor the teacher is loaded from a folder or hub id")
         self.eos_token, self.max_length = eos_token, max_length
         self.distill, self.span, self.regime_config, self.scrg = distill, span, regime, scrg
+        self.decoding_config = decoding
         self.sampling, self.optimizer_config, self.validation_config = sampling, optimizer, validation
         self.export_dir, self.seed = export_dir, seed
         self.clip_net = build_clip_net(distill)
@@ -177,7 +181,7 @@ class DistillLightningModule(L.LightningModule):
         # Every forward is a collective when parameters are sharded: ranks decode in lockstep.
         synced = self._trainer is not None and self.trainer.world_size > 1
         self.decoding = Decoding(self.sampling, self.eos_token_id, self.tokenizer.pad_token_id, self.vocab_size,
-                                 self.max_length, synced)
+                                 self.max_length, synced, loop=self.decoding_config)
         if self.objective.span_prior is None and self.span.weight > 0:
             self.objective.span_prior = build_span_prior(self.tokenizer, self.span.prior)
 

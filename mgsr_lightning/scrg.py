@@ -25,14 +25,12 @@ that NLL before and after revision.
 response-aligned logits; ``revise`` runs the forwards, the corrections and one batched re-generation
 per round.
 
-Re-generation continues from the student's scoring forward: its KV cache over ``prompt + response``
-is cut at each row's error and realigned to the left-padded ``prompt + response[:j]``
-(``generation.realigned_cache``), so only the teacher's token and the new tokens go through the
-student, never the kept prefix again. Caches that cannot be realigned (sliding windows, quantised)
-fall back to re-encoding the prefix, as does ``reuse_cache=False``; both give the same tokens. The
-teacher's logits over the final sequences, which the losses reuse, come the same way from its last
-scoring forward: only the columns from the earliest corrected position on go through the teacher
-again (``generation.response_logits_from_prefix``).
+Re-generation (:mod:`mgsr_lightning.regeneration`) continues from the student's scoring forward's KV
+cache cut at each row's error, so the kept prefix is never re-encoded; caches that cannot be
+realigned (sliding windows, quantised) fall back to re-encoding it, as does ``reuse_cache=False``;
+both give the same tokens. The teacher's logits over the final sequences, which the losses reuse,
+come the same way from its last scoring forward: only the columns from the earliest corrected
+position on go through the teacher again (``generation.response_logits_from_prefix``).
 """
 
 from __future__ import annotations
@@ -44,20 +42,18 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from mgsr_lightning.batch import Rollout, pack_tokens
+from mgsr_lightning.batch import Rollout
 from mgsr_lightning.distributed import any_rank
-from mgsr_lightning.error_search import CRITERIA, DIFFERENCES, ErrorPositions, find_error_positions
+from mgsr_lightning.error_search import CRITERIA, DIFFERENCES, find_error_positions
 from mgsr_lightning.generation import (
     Decoding,
     eval_mode,
-    realigned_cache,
     response_logits,
     response_logits_and_cache,
     response_logits_from_prefix,
-    sample,
-    token_id_tensor,
 )
 from mgsr_lightning.losses import response_cross_entropy
+from mgsr_lightning.regeneration import correct_and_regenerate
 from mgsr_lightning.seeding import derive_seeds, row_generators
 
 
@@ -153,7 +149,9 @@ def revise(
         [B, R, V] over it (from the last scoring round, or one more teacher forward when that round
         changed a row) and stats: ``corrected_fraction`` (rows corrected at least once),
         ``mean_error_position`` (mean j over all corrections, 0.0 if none), ``mean_regenerated_tokens``
-        (student tokens re-generated per corrected row), ``teacher_nll_before`` / ``teacher_nll_after``
+        (student tokens re-generated per corrected row), ``regenerated_tokens`` (re-generated response
+        tokens of the whole batch, the extra decoding SCRG costs), ``unchanged_fraction`` (rows no round
+        changed: 1 - corrected_fraction), ``teacher_nll_before`` / ``teacher_nll_after``
         (the teacher's mean NLL per real response token of the rollout and of the revised rollout),
         ``student_nll_before`` (the student's, on the rollout) and ``seconds``. With n_corrections = 0
         nothing is scored: no NLL stats and no teacher logits.
@@ -208,7 +206,7 @@ def revise(
                 final_teacher_logits = teacher_logits
                 break
             round_seeds = derive_seeds(seeds, round_index, "regenerate") if seeds is not None else None
-            rollout, regenerated = _correct_and_regenerate(
+            rollout, regenerated = correct_and_regenerate(
                 student, rollout, errors, decoding, round_seeds, student_cache
             )
             del student_cache
@@ -238,92 +236,9 @@ def revise(
         "corrected_fraction": n_corrected / batch_size if batch_size else 0.0,
         "mean_error_position": error_position_sum / n_errors if n_errors else 0.0,
         "mean_regenerated_tokens": int(regenerated_tokens.sum()) / n_corrected if n_corrected else 0.0,
+        "regenerated_tokens": float(regenerated_tokens.sum()),
+        "unchanged_fraction": 1.0 - n_corrected / batch_size if batch_size else 1.0,
         **nll_stats,
         "seconds": time.perf_counter() - started,
     }
     return ScrgResult(rollout=rollout, teacher_logits=final_teacher_logits, stats=stats)
-
-
-def _correct_and_regenerate(
-    student: nn.Module,
-    rollout: Rollout,
-    errors: ErrorPositions,
-    decoding: Decoding,
-    seeds: Tensor | None,
-    student_cache=None,
-) -> tuple[Rollout, Tensor]:
-    """Write the teacher token at each error, drop what follows, re-generate; returns (rollout, [B] new tokens).
-
-    ``student_cache``: the student's KV cache over ``rollout.model_inputs()``; when given (and
-    realignable) the re-generation continues from it instead of re-encoding the kept prefix.
-    """
-    pad_token_id, synced = decoding.pad_token_id, decoding.synced
-    batch_size, response_width = rollout.response_ids.shape
-    device = rollout.device
-    columns = torch.arange(response_width, device=device)[None, :]  # [1, R]
-    error_at = errors.positions[:, None]  # [B, 1]
-    has_error = errors.has_error[:, None]
-
-    # Corrected rows keep response[:j] and the teacher token at j; other rows keep everything.
-    keep = rollout.response_mask & (~has_error | (columns <= error_at))  # [B, R]
-    prefix_ids = torch.where(has_error & (columns == error_at), errors.teacher_tokens[:, None], rollout.response_ids)
-    prefix_ids = prefix_ids.masked_fill(~keep, pad_token_id)  # [B, R]
-
-    # The budget the rollout was sampled under: max_new_tokens response tokens, max_length in all.
-    prompt_lengths = rollout.prompt_lengths()
-    length_caps = prompt_lengths + decoding.sampling.max_new_tokens  # [B] most prompt + response tokens
-    if decoding.max_length is not None:
-        length_caps = length_caps.clamp_max(decoding.max_length)
-    needs_regeneration = (
-        errors.has_error
-        & ~torch.isin(errors.teacher_tokens, token_id_tensor(decoding.eos_token_id, device))
-        & (prompt_lengths + keep.sum(-1) < length_caps)
-    )  # [B]
-
-    continuation_ids = rollout.response_ids.new_full((batch_size, 0), pad_token_id)  # [B, C]
-    continuation_mask = keep.new_zeros(batch_size, 0)
-    if any_rank(needs_regeneration.any(), synced):
-        # Synced: every row takes part (the others with no budget) so that all ranks run the same forwards.
-        rows = torch.arange(batch_size, device=device) if synced else needs_regeneration.nonzero().squeeze(-1)  # [N]
-        contexts_end = prompt_lengths + keep.sum(-1)
-        caps = torch.where(needs_regeneration, length_caps, contexts_end)[rows]
-        # The new prompts (prompt + corrected prefix) differ in length: re-left-pad them.
-        context_ids, context_mask = pack_tokens(
-            torch.cat([rollout.prompt_ids, prefix_ids], dim=1)[rows],
-            torch.cat([rollout.prompt_mask, keep], dim=1)[rows],
-            pad_token_id=pad_token_id,
-            side="left",
-        )  # [N, L], L = the longest prompt + corrected prefix
-        cache = None
-        if student_cache is not None and context_ids.size(1) > 1:
-            cached_columns = _cached_columns(rollout.prompt_mask, keep, rows, context_ids.size(1) - 1)
-            cache = realigned_cache(student_cache, rows, cached_columns)
-        continuation = sample(
-            student, context_ids, context_mask, decoding, seeds=seeds[rows] if seeds is not None else None,
-            max_length=caps, cache=cache,
-        )
-        continuation_ids = continuation_ids.new_full((batch_size, continuation.response_ids.size(1)), pad_token_id)
-        continuation_mask = continuation_mask.new_zeros(batch_size, continuation.response_ids.size(1))
-        continuation_ids[rows] = continuation.response_ids
-        continuation_mask[rows] = continuation.response_mask
-
-    response_ids, response_mask = pack_tokens(
-        torch.cat([prefix_ids, continuation_ids], dim=1),
-        torch.cat([keep, continuation_mask], dim=1),
-        pad_token_id=pad_token_id,
-        side="right",
-    )  # [B, R'], R' = the longest revised response
-    revised = Rollout(rollout.prompt_ids, rollout.prompt_mask, response_ids, response_mask)
-    return revised, continuation_mask.sum(-1)
-
-
-def _cached_columns(prompt_mask: Tensor, keep: Tensor, rows: Tensor, width: int) -> Tensor:
-    """[N, width] columns of ``model_inputs()`` whose cached keys make the context of each row in ``rows``
-    less its last token: prompt + kept response without the last kept column (the teacher's token,
-    not yet encoded), left-packed as ``pack_tokens`` packs the context."""
-    real = torch.cat([prompt_mask, keep], dim=1)[rows]  # [N, P+R]
-    last_real = real.size(1) - 1 - real.flip(1).long().argmax(1)  # [N]
-    cached = real.clone()
-    cached[torch.arange(real.size(0), device=real.device), last_real] = False
-    order = torch.sort(cached.long(), dim=1, stable=True).indices  # real columns last, in order
-    return order[:, real.size(1) - width :]

@@ -10,6 +10,7 @@ from torch import nn
 from mgsr_lightning.batch import Rollout, positions_from_mask
 from mgsr_lightning.generation import (
     Decoding,
+    DecodingConfig,
     SamplingConfig,
     choose_tokens,
     filter_logits,
@@ -373,3 +374,65 @@ def test_a_cache_that_cannot_be_realigned_falls_back_to_re_encoding():
     sliding = DynamicCache()
     sliding.layers = [DynamicSlidingWindowLayer(sliding_window=4)]
     assert realigned_cache(sliding, torch.arange(1), torch.zeros(1, 2, dtype=torch.long)) is None
+
+
+# ---------------------------------------------------------------- the decode loop's static cache and compiled step
+
+
+def static_and_dynamic(model, prompt_ids, prompt_mask, sampling, **kwargs):
+    """The rollouts of ``sample`` with the preallocated cache and with a growing one, same everything else."""
+    return [sample(model, prompt_ids, prompt_mask,
+                   Decoding(sampling, **IDS, loop=DecodingConfig(static_cache=static)), **kwargs)
+            for static in (True, False)]
+
+
+@pytest.mark.parametrize("family", ["gpt2", "opt", "llama"])
+@pytest.mark.parametrize("sampling", [SamplingConfig(max_new_tokens=12), SamplingConfig(max_new_tokens=12, top_p=0.8),
+                                      SamplingConfig(do_sample=False, max_new_tokens=12)])
+def test_the_static_cache_samples_the_tokens_of_the_dynamic_one(family, sampling):
+    model = sharpened(build_tiny_model(family, VOCAB, seed=4))
+    seeds = torch.tensor([3, 5, 7])
+    static, dynamic = static_and_dynamic(model, *left_padded(PROMPTS, 1), sampling, seeds=seeds,
+                                         max_length=torch.tensor([12, 16, 9]))
+
+    assert static.response_ids.size(1) > 1 and static.response_mask.sum(-1).unique().numel() > 1  # rows end apart
+    assert torch.equal(static.response_ids, dynamic.response_ids)
+    assert torch.equal(static.response_mask, dynamic.response_mask)
+
+
+def test_the_static_cache_continues_from_a_realigned_prefix():
+    model = sharpened(build_tiny_model("llama", VOCAB, seed=3, n_layer=2))
+    rollout = sample(model, *left_padded(PROMPTS, 2), Decoding(EIGHT_TOKENS, **IDS), seeds=torch.tensor([1, 2, 3]))
+    _, cache = response_logits_and_cache(model, rollout)
+    # continue every row after its whole prompt + response (left-packed as ``sample`` expects)
+    context_ids, context_mask = rollout.model_inputs()["input_ids"], rollout.model_inputs()["attention_mask"].bool()
+    order = torch.sort(context_mask.long(), dim=1, stable=True).indices
+    context_ids, context_mask = context_ids.gather(1, order), context_mask.gather(1, order)
+    prefix = realigned_cache(cache, torch.arange(3), order[:, :-1])
+    prefix_copy = realigned_cache(cache, torch.arange(3), order[:, :-1])
+    seeds = torch.tensor([4, 5, 6])
+
+    static, dynamic = (sample(model, context_ids, context_mask,
+                              Decoding(EIGHT_TOKENS, **IDS, loop=DecodingConfig(static_cache=static)), seeds=seeds,
+                              cache=cache_in)
+                       for static, cache_in in ((True, prefix), (False, prefix_copy)))
+    encoded = sample(model, context_ids, context_mask, Decoding(EIGHT_TOKENS, **IDS), seeds=seeds)
+
+    assert torch.equal(static.response_ids, dynamic.response_ids)
+    assert torch.equal(static.response_ids, encoded.response_ids)
+
+
+def test_decoding_config_rejects_compiling_a_growing_cache():
+    with pytest.raises(ValueError, match="static_cache"):
+        DecodingConfig(static_cache=False, compile=True)
+    assert DecodingConfig().static_cache and not DecodingConfig().compile
+
+
+@pytest.mark.slow
+def test_the_compiled_step_samples_the_tokens_of_the_eager_loop():
+    model = sharpened(build_tiny_model("gpt2", VOCAB, seed=3, n_layer=2))
+    seeds = torch.tensor([1, 2, 3])
+    eager = sample(model, *left_padded(PROMPTS, 1), Decoding(EIGHT_TOKENS, **IDS), seeds=seeds)
+    compiled = sample(model, *left_padded(PROMPTS, 1), Decoding(EIGHT_TOKENS, **IDS, loop=DecodingConfig(compile=True)),
+                      seeds=seeds)
+    assert torch.equal(compiled.response_ids, eager.response_ids)

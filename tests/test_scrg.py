@@ -27,7 +27,7 @@ from tiny_models import build_tiny_model
 
 from mgsr_lightning.batch import Rollout
 from mgsr_lightning.error_search import find_error_positions
-from mgsr_lightning.generation import Decoding, SamplingConfig, response_logits, sample
+from mgsr_lightning.generation import Decoding, DecodingConfig, SamplingConfig, response_logits, sample
 from mgsr_lightning.scrg import ScrgConfig, revise
 from mgsr_lightning.seeding import derive_seeds
 
@@ -137,6 +137,7 @@ def test_corrects_the_mismatch_with_the_largest_difference():
     assert result.stats["corrected_fraction"] == 1.0
     assert result.stats["mean_error_position"] == 4.0
     assert result.stats["mean_regenerated_tokens"] == 3.0
+    assert result.stats["regenerated_tokens"] == 3.0 and result.stats["unchanged_fraction"] == 0.0
     assert result.stats["seconds"] > 0
     # The last round changed the row: one more teacher forward scores the final sequence.
     assert torch.equal(result.teacher_logits, response_logits(teacher, result.rollout))
@@ -183,7 +184,7 @@ def test_rows_without_a_mismatch_are_untouched():
     mixed = run_revise(student, teacher, batch)
     assert responses(mixed)[1] == teacher_argmax_response
     assert mixed.rollout.response_mask[1].all()
-    assert mixed.stats["corrected_fraction"] == 0.5
+    assert mixed.stats["corrected_fraction"] == 0.5 and mixed.stats["unchanged_fraction"] == 0.5
     assert torch.equal(mixed.teacher_logits, response_logits(teacher, mixed.rollout))
 
     clean = batch.select(torch.tensor([1]))
@@ -441,3 +442,26 @@ def test_the_final_teacher_scoring_skips_what_no_row_changed():
     mask = reused.rollout.response_mask
     torch.testing.assert_close(reused.teacher_logits[mask], full.teacher_logits[mask], rtol=1e-5, atol=1e-5)
     assert torch.equal(full.teacher_logits, response_logits(teacher, full.rollout))
+
+
+@pytest.mark.parametrize("family", ["gpt2", "opt", "llama"])
+def test_cut_and_continue_on_the_static_cache_equals_the_dynamic_one(family):
+    student = sharpened(build_tiny_model(family, VOCAB, seed=2, n_layer=2))
+    teacher = sharpened(build_tiny_model(family, VOCAB, seed=1, n_layer=2))
+    seeds = torch.tensor([10, 20, 30])
+    rollout = sample(student, *left_padded(PROMPTS, 2), Decoding(EIGHT_TOKENS, **IDS), seeds=seeds)
+    config = ScrgConfig(n_corrections=3)
+    results = {
+        static: revise(student, teacher, rollout, config,
+                       Decoding(EIGHT_TOKENS, **IDS, loop=DecodingConfig(static_cache=static)), seeds=seeds)
+        for static in (True, False)
+    }
+
+    static, dynamic = results[True], results[False]
+    assert static.stats["regenerated_tokens"] > 0
+    assert static.stats["regenerated_tokens"] == dynamic.stats["regenerated_tokens"]
+    assert static.stats["regenerated_tokens"] == pytest.approx(
+        static.stats["mean_regenerated_tokens"] * static.stats["corrected_fraction"] * rollout.batch_size)
+    assert torch.equal(static.rollout.response_ids, dynamic.rollout.response_ids)
+    assert torch.equal(static.rollout.response_mask, dynamic.rollout.response_mask)
+    torch.testing.assert_close(static.teacher_logits, dynamic.teacher_logits)
