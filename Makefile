@@ -6,7 +6,8 @@
 # make reproduce [PAIR=gpt2|opt|openllama2|llama2] [SCALE=tiny|reason|facts] [METHODS=kd,mgsr] [SEEDS=0,1,2] [RESULTS=dir]
 #   SCALE=tiny: the quick embedded task; SCALE=reason: the embedded multi-step benchmark; SCALE=facts: the
 #   embedded knowledge benchmark (all offline, CPU)
-# make bench [BENCH_ARGS="--rounds 3"]   # speed against TRL 1.16.0 (its own venv, .venv-bench), CPU
+# make bench [BENCH_ARGS="--rounds 5"]   # speed against TRL 1.16.0 (its own venv, .venv-bench), our decode loop
+#   against generate, DAC-KL against forward KL; CPU
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -70,7 +71,9 @@ $(BENCH_VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	touch $@
 
 bench: install $(BENCH_VENV)/.installed
-	$(OFFLINE) $(PY) experiments/bench_vs_trl.py --trl_python $(BENCH_VENV)/bin/python $(BENCH_ARGS)
+	@$(OFFLINE) $(PY) experiments/bench_vs_trl.py --trl_python $(BENCH_VENV)/bin/python $(BENCH_ARGS)
+	@echo; $(OFFLINE) $(PY) experiments/bench_decode.py
+	@echo; $(OFFLINE) $(PY) experiments/bench_dac_kl_cost.py
 
 clean:
 	rm -rf runs artifacts/tiny/students artifacts/reason/students artifacts/facts/students

@@ -1,14 +1,18 @@
-"""Training throughput on one GPU: bf16-mixed, DDP and FSDP, KD (off-policy) and MGSR (generating every step).
+"""Training throughput on one GPU: bf16-mixed, DDP and FSDP, KD (off-policy), DistiLLM and MGSR (generating every step).
 
     python experiments/bench_gpu.py --out results/gpu           # needs a CUDA device
+    python experiments/bench_gpu.py --out results/gpu --compile  # also with the decode loop's step compiled
     python experiments/bench_gpu.py --steps 4 --warmup 1 --small  # a quick CPU smoke run of the same path
 
 Runs real ``fit`` calls of the tiny configs (``configs/tiny/kd.yaml``, ``configs/tiny/mgsr.yaml``)
 with GPU-sized, config-built GPT-2 models (teacher 12 layers d=768, student 6 layers d=512 by
 default: the GPT-2 base and a half-size student), the embedded task's data and a locally trained
-BPE tokenizer, so nothing is downloaded. MGSR runs with the ``on_policy`` regime so that every step
-samples a rollout and revises it with SCRG (the worst case for speed; the default adaptive schedule
-generates in a share of the steps). Each (method, strategy) runs in its own process; the first
+BPE tokenizer, so nothing is downloaded. DistiLLM and MGSR run with the ``on_policy`` regime so that
+every step samples a rollout (MGSR then revises it with SCRG): the worst case for speed; the default
+adaptive schedule generates in a share of the steps. Rollouts use the decode loop's static KV cache;
+``--compile`` adds a run of each sampling method with ``decoding.compile: true`` (the one-token step
+under torch.compile, a CUDA graph on a GPU; the first steps pay the compilation, so give it warm-up).
+Each (method, strategy, decode step) runs in its own process; the first
 ``--warmup`` steps are not timed. Prints a markdown table: seconds per step, sequences per second,
 peak GPU memory, and for MGSR the rollout's and SCRG's shares of the step.
 """
@@ -26,6 +30,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 GPT2_BLOCK = "transformers.models.gpt2.modeling_gpt2.GPT2Block"
+SAMPLING_METHODS = ("distillm", "mgsr")  # methods that sample a rollout at every step here
 STRATEGIES = {
     "ddp": ["--trainer.strategy=ddp"],
     "fsdp": [
@@ -95,8 +100,9 @@ def run_one(args: argparse.Namespace) -> None:
         f"--data.batch_size={args.batch_size}", "--data.max_length=160", "--data.max_prompt_length=96",
         *STRATEGIES[args.strategy],
     ]
-    if args.method == "mgsr":
+    if args.method in SAMPLING_METHODS:
         overrides.append("--model.init_args.regime.name=on_policy")
+    overrides.append(f"--model.init_args.decoding.compile={str(args.decode == 'compiled').lower()}")
     cli = run_cli(overrides, run=False)
     timer = StepTimer()
     cli.trainer.callbacks.append(timer)
@@ -106,7 +112,7 @@ def run_one(args: argparse.Namespace) -> None:
     timed = slice(args.warmup, None)
     step = statistics.median(timer.seconds[timed])
     result = {
-        "method": args.method, "strategy": args.strategy, "steps": len(timer.seconds[timed]),
+        "method": args.method, "strategy": args.strategy, "decode": args.decode, "steps": len(timer.seconds[timed]),
         "s_per_step": step, "sequences_per_s": args.batch_size / step,
         "rollout_share": statistics.fmean(timer.rollout[timed]) / statistics.fmean(timer.seconds[timed]),
         "scrg_share": statistics.fmean(timer.scrg[timed]) / statistics.fmean(timer.seconds[timed]),
@@ -121,7 +127,7 @@ def run_one(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/bench_gpu")
-    parser.add_argument("--methods", default="kd,mgsr")
+    parser.add_argument("--methods", default="kd,distillm,mgsr")
     parser.add_argument("--strategies", default="ddp,fsdp")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
@@ -129,6 +135,9 @@ def main() -> None:
     parser.add_argument("--max_new_tokens", type=int, default=48)
     parser.add_argument("--vocab_size", type=int, default=8192)
     parser.add_argument("--small", action="store_true", help="tiny models, for a CPU smoke run")
+    parser.add_argument("--compile", action="store_true",
+                        help="also run each sampling method with the decode loop's one-token step compiled")
+    parser.add_argument("--decode", default="static", help=argparse.SUPPRESS)
     parser.add_argument("--method", help=argparse.SUPPRESS)
     parser.add_argument("--strategy", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
@@ -145,19 +154,21 @@ def main() -> None:
     env = dict(os.environ, MGSR_TINY_DIR=str(root), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                TOKENIZERS_PARALLELISM="false")
     rows = []
-    for method in args.methods.split(","):
-        for strategy in args.strategies.split(","):
-            result = out / f"{method}-{strategy}.json"
-            command = [sys.executable, __file__, "--method", method, "--strategy", strategy, "--result", str(result),
-                       "--steps", str(args.steps), "--warmup", str(args.warmup), "--batch_size", str(args.batch_size),
-                       "--max_new_tokens", str(args.max_new_tokens)] + (["--small"] if args.small else [])
-            started = time.perf_counter()
-            completed = subprocess.run(command, env=env, cwd=out, capture_output=True, text=True)
-            if completed.returncode != 0:
-                print(f"{method}/{strategy} failed:\n{completed.stderr[-3000:]}", flush=True)
-                continue
-            rows.append(json.loads(result.read_text()))
-            print(f"{method}/{strategy}: {time.perf_counter() - started:.0f} s wall", flush=True)
+    runs = [(method, strategy, decode) for method in args.methods.split(",") for strategy in args.strategies.split(",")
+            for decode in (("static", "compiled") if args.compile and method in SAMPLING_METHODS else ("static",))]
+    for method, strategy, decode in runs:
+        result = out / f"{method}-{strategy}-{decode}.json"
+        command = [sys.executable, __file__, "--method", method, "--strategy", strategy, "--result", str(result),
+                   "--decode", decode, "--steps", str(args.steps), "--warmup", str(args.warmup),
+                   "--batch_size", str(args.batch_size),
+                   "--max_new_tokens", str(args.max_new_tokens)] + (["--small"] if args.small else [])
+        started = time.perf_counter()
+        completed = subprocess.run(command, env=env, cwd=out, capture_output=True, text=True)
+        if completed.returncode != 0:
+            print(f"{method}/{strategy}/{decode} failed:\n{completed.stderr[-3000:]}", flush=True)
+            continue
+        rows.append(json.loads(result.read_text()))
+        print(f"{method}/{strategy}/{decode}: {time.perf_counter() - started:.0f} s wall", flush=True)
     if not rows:
         sys.exit("no run finished")
     first = rows[0]
@@ -165,11 +176,13 @@ def main() -> None:
         f"{first['device']}, teacher {first['teacher_params_m']:.1f} M, student {first['student_params_m']:.1f} M "
         f"parameters, batch {args.batch_size}, {args.max_new_tokens} new tokens, medians of {first['steps']} steps",
         "",
-        "| method | strategy | s/step | sequences/s | rollout share | SCRG share | peak GPU GiB |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| method | strategy | decode step | s/step | sequences/s | rollout share | SCRG share | peak GPU GiB |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        lines.append(f"| {r['method']} | {r['strategy']} | {r['s_per_step']:.3f} | {r['sequences_per_s']:.1f} | "
+        decode = r["decode"] if r["method"] in SAMPLING_METHODS else "—"
+        lines.append(f"| {r['method']} | {r['strategy']} | {decode} | {r['s_per_step']:.3f} | "
+                     f"{r['sequences_per_s']:.1f} | "
                      f"{100 * r['rollout_share']:.0f}% | {100 * r['scrg_share']:.0f}% | {r['peak_gpu_gib']:.2f} |")
     table = "\n".join(lines)
     (out / "table.md").write_text(table + "\n")
