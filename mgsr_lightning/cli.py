@@ -1,23 +1,15 @@
 """The LightningCLI of the package: ``python -m mgsr_lightning {fit,validate,test,predict} --config ...``.
 
-Configs are LightningCLI YAML read in an OmegaConf-based parser mode with one addition: a top-level
-``_base_`` (a path or a list of paths, relative to the config's folder) names configs that are
-merged first, in order, and then overridden by the file's own keys. That is how every method of a
-model pair shares one base (``configs/<pair>/base.yaml``) and one method definition
-(``configs/methods/<method>.yaml``) instead of copies. ``${...}`` interpolations are resolved after
-the merge, so a key may refer to any other key of the composed config. Top-level keys that start
-with an underscore (``_name_``, ``_root_``) are variables for interpolation only and are removed
-before LightningCLI sees the config.
+Configs are LightningCLI YAML read in an OmegaConf-based parser mode whose loader composes ``_base_`` files
+and resolves interpolations (:mod:`mgsr_lightning.config_files`); Lightning's own behaviour is adjusted in
+:mod:`mgsr_lightning.lightning_workarounds`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import csv
-import logging
 import os
 import sys
-import warnings
 from argparse import ArgumentError
 from pathlib import Path
 from typing import Any
@@ -29,18 +21,24 @@ from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins.io import TorchCheckpointIO
-from omegaconf import DictConfig, OmegaConf
 
 from mgsr_lightning.atomic import AtomicCheckpointIO
+from mgsr_lightning.config_files import compose as _compose  # noqa: F401  (experiments import it from here)
+from mgsr_lightning.config_files import load_config_text
 from mgsr_lightning.data.datamodule import InstructionDataModule
-from mgsr_lightning.errors import ConfigError, MissingFileError, UserError, condense_parser_error
+from mgsr_lightning.errors import ConfigError, UserError, condense_parser_error
 from mgsr_lightning.guards import NonFiniteLossGuard
+from mgsr_lightning.lightning_workarounds import (
+    StepLimitedRichProgressBar,
+    keep_logged_rows,
+    program_name_only,
+    quiet_lightning,
+)
 from mgsr_lightning.module import DistillLightningModule
 from mgsr_lightning.run_lock import ExportLock, export_lock
 from mgsr_lightning.validation import CKPT_KEYWORDS, check_checkpoint, check_run_config
 
 PARSER_MODE = "omegaconf_base"
-BASE_KEY = "_base_"
 PROG = "python -m mgsr_lightning"
 # inputs stored in checkpoints as given; made absolute so a checkpoint works from any working directory
 INPUT_PATH_KEYS = ("data.tokenizer", "data.train_data", "data.val_data", "data.test_data",
@@ -49,70 +47,10 @@ INPUT_PATH_KEYS = ("data.tokenizer", "data.train_data", "data.val_data", "data.t
 OUTPUT_PATH_KEYS = ("model.init_args.export_dir", "model.init_args.regime.cache_path")
 
 
-def _compose(data: dict[str, Any], folder: Path, seen: tuple[Path, ...]) -> DictConfig:
-    """Merge ``data``'s ``_base_`` configs (recursively) under ``data`` itself, unresolved."""
-    bases = data.pop(BASE_KEY, [])
-    merged = OmegaConf.create()
-    for base in [bases] if isinstance(bases, str) else bases:
-        path = (folder / base).resolve()
-        if path in seen:
-            raise ValueError(f"config cycle through {path}")
-        if not path.is_file():
-            raise MissingFileError(f"{BASE_KEY} config not found: {path} (paths are relative to the including file)")
-        base_data = yaml.safe_load(path.read_text()) or {}
-        merged = OmegaConf.merge(merged, _compose(base_data, path.parent, seen + (path,)))
-    return OmegaConf.merge(merged, OmegaConf.create(data))
-
-
-def load_config_text(text: str) -> Any:
-    """jsonargparse loader: YAML with ``_base_`` composition and OmegaConf interpolation.
-
-    jsonargparse runs loaders with the working directory set to the folder of the config file being
-    read, so relative ``_base_`` paths resolve against the including file. Plain values (command
-    line scalars) pass through unchanged.
-    """
-    data = yaml.safe_load(text)
-    if not isinstance(data, dict) or not (BASE_KEY in data or "${" in text or any(k.startswith("_") for k in data)):
-        return data
-    resolved = OmegaConf.to_container(_compose(data, Path(os.getcwd()), ()), resolve=True)
-    return {key: value for key, value in resolved.items() if not key.startswith("_")}
-
-
 def use_config_loader() -> None:
     """Make ``load_config_text`` jsonargparse's loader for ``PARSER_MODE`` (idempotent); a parser in that
     mode can be made only after this, so ``DistillCLI`` calls it before making its parsers."""
     set_loader(PARSER_MODE, load_config_text, exceptions=(yaml.YAMLError,))
-
-
-class _NoAdvertisements(logging.Filter):
-    """Drops Lightning's "💡 Tip: try installing ..." lines (advertisements for other packages)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("💡 Tip:")
-
-
-def quiet_lightning() -> None:
-    """Silence what Lightning prints that a user of our commands cannot act on, and nothing else: its own
-    use of torch's deprecated ``LeafSpec`` (a FutureWarning from one module) and its "Tip" lines."""
-    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
-                            category=FutureWarning, module=r"lightning\.pytorch\.utilities\._pytree")
-    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero",
-                 "lightning_fabric.utilities.rank_zero"):
-        logger = logging.getLogger(name)
-        if not any(isinstance(existing, _NoAdvertisements) for existing in logger.filters):
-            logger.addFilter(_NoAdvertisements())
-
-
-class StepLimitedRichProgressBar(RichProgressBar):
-    """Lightning's rich progress bar, whose training description reads "Epoch 5/-2" when the run is
-    limited by ``max_steps`` (``max_epochs`` is then -1): it shows the epoch and the step limit instead."""
-
-    def _get_train_description(self, current_epoch: int) -> str:
-        trainer = self.trainer
-        if trainer.max_epochs is not None and trainer.max_epochs >= 0:
-            return super()._get_train_description(current_epoch)
-        description = f"Epoch {current_epoch}" + (f" (max_steps {trainer.max_steps})" if trainer.max_steps > 0 else "")
-        return f"{description:{len(self.validation_description)}}"
 
 
 def training_seed(seed_everything: bool | int | None) -> int:
@@ -283,7 +221,7 @@ class DistillCLI(LightningCLI):
         if self._resume_step is not None and trainer.is_global_zero:
             for logger in trainer.loggers:
                 if isinstance(logger, CSVLogger):
-                    _keep_logged_rows(logger, self._resume_step)
+                    keep_logged_rows(logger, self._resume_step)
         return trainer
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -312,42 +250,10 @@ def _interrupted_line(trainer: Trainer) -> str:
             f"--ckpt_path={latest} (`reproduce` continues on its own when run again)")
 
 
-def _keep_logged_rows(logger: CSVLogger, resume_step: int) -> None:
-    """Carry the rows a resumed run's first part logged before ``resume_step`` into its CSV logger.
-
-    Lightning's CSV writer deletes an existing ``metrics.csv`` when it opens the folder; the rows are
-    read first and handed back to it, so the version's file holds both parts of the run.
-    """
-    path = Path(logger.log_dir) / "metrics.csv"
-    if not path.is_file():
-        return
-    with path.open(newline="") as handle:
-        reader = csv.DictReader(handle)
-        rows = list(reader)
-        header = list(reader.fieldnames or [])
-    experiment = logger.experiment  # opening the folder removes the old file
-    kept = [{k: v for k, v in row.items() if v != ""} for row in rows
-            if row.get("step", "").isdigit() and int(row["step"]) < resume_step]
-    experiment.metrics = kept + experiment.metrics
-    experiment.metrics_keys = sorted(set(header) | set(experiment.metrics_keys))
-
-
-@contextlib.contextmanager
-def _program_name_only() -> Any:
-    """Hide the command line from LightningCLI while it parses ``args`` given in Python (a pipeline
-    command's own ``fit``): it warns when it sees both, although only ``args`` is read."""
-    argv = sys.argv
-    sys.argv = argv[:1]
-    try:
-        yield
-    finally:
-        sys.argv = argv
-
-
 def run_cli(args: list[str] | None = None, run: bool = True) -> DistillCLI:
     """Run (or with ``run=False`` only build) the LightningCLI on ``args`` (None: the command line)."""
     quiet_lightning()
-    with _program_name_only() if args is not None else contextlib.nullcontext():
+    with program_name_only() if args is not None else contextlib.nullcontext():
         return DistillCLI(
             DistillLightningModule,
             InstructionDataModule,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import warnings
 from typing import Any, Literal
 
 import lightning as L
@@ -14,13 +13,10 @@ from mgsr_lightning.data.collate import EncodedExample, InstructionCollator
 from mgsr_lightning.data.records import load_records
 from mgsr_lightning.data.templates import PromptTemplate, render_prompt
 from mgsr_lightning.errors import ConfigError
+from mgsr_lightning.lightning_workarounds import allow_resuming_mid_epoch
 from mgsr_lightning.tokenizer import load_tokenizer, token_id
 
 log = logging.getLogger(__name__)
-
-# The data module, not the DataLoader, holds the position in the epoch (see `state_dict`), so
-# Lightning's warning that the loader cannot resume mid-epoch does not apply here.
-warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
 
 
 class EncodedDataset(Dataset):
@@ -233,6 +229,7 @@ class InstructionDataModule(L.LightningDataModule):
         return {"epoch": trainer.current_epoch, "consumed": batches * self.hparams.batch_size * trainer.world_size}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
+        allow_resuming_mid_epoch()  # this position makes the loader resumable, whatever Lightning says
         self._resume_position = state or None
 
     def train_dataloader(self) -> DataLoader:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from mgsr_lightning import validation
+from mgsr_lightning.config_files import config_texts
 from mgsr_lightning.errors import ConfigError, MissingFileError
 from mgsr_lightning.evaluation.evaluate import EvalConfig
 from mgsr_lightning.pipeline.paths import CONFIGS
@@ -28,23 +29,10 @@ def eval_fingerprint(model_dir: Path, label: str, eval_sets: dict[str, list], co
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str, ensure_ascii=False).encode()).hexdigest()
 
 
-def _config_texts(path: Path, seen: tuple[Path, ...] = ()) -> list[str]:
-    """The text of a config and of every ``_base_`` it composes, in order."""
-    import yaml
-
-    path = path.resolve()
-    text = path.read_text()
-    bases = (yaml.safe_load(text) or {}).get("_base_", []) if path not in seen else []
-    texts = []
-    for base in [bases] if isinstance(bases, str) else bases:
-        texts += _config_texts(path.parent / base, seen + (path,))
-    return texts + [text]
-
-
 def fit_fingerprint(config: Path, seed: int, env: dict[str, str], overrides: tuple[str, ...] = ()) -> str:
     """Hash of what decides a ``reproduce`` training run: its composed config files, seed, environment and
     command-line overrides (such as the SFT-initialised student it starts from)."""
-    payload = {"configs": _config_texts(config), "seed": seed, "env": env}
+    payload = {"configs": config_texts(config), "seed": seed, "env": env}
     if overrides:
         payload["overrides"] = list(overrides)
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()

@@ -30,10 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from mgsr_lightning import atomic
+from mgsr_lightning.config_files import config_texts
 from mgsr_lightning.data.records import read_jsonl
 from mgsr_lightning.data.templates import PromptTemplate, render_prompt
 from mgsr_lightning.errors import ConfigError, MissingFileError
-from mgsr_lightning.pipeline.checks import TOKENIZER_FILES, _config_texts
+from mgsr_lightning.pipeline.checks import TOKENIZER_FILES
 from mgsr_lightning.pipeline.manifest import Manifest, file_sha256, fingerprint, folder_sha256
 from mgsr_lightning.pipeline.paths import CONFIGS, ROOT_ENVS, composed_config, config_path, configured_root, environment
 from mgsr_lightning.validation import at_least, writable_folder
@@ -413,7 +414,7 @@ def _teacher_step(root: Path, manifest: Manifest, pair: str, tokenizer_fingerpri
     teacher_dir = root / "teacher"
     step_fingerprint = fingerprint({"tokenizer": tokenizer_fingerprint, "train": data_hashes["train"],
                                     "validation": data_hashes["validation"], "steps": steps,
-                                    "config": _config_texts(config_path(pair, "teacher"))})
+                                    "config": config_texts(config_path(pair, "teacher"))})
     if manifest.step_matches("teacher", step_fingerprint, teacher_dir / "config.json"):
         return manifest.steps["teacher"]["summary"], "reused: same data, tokenizer, config and steps"
     manifest.check_step_output("teacher", teacher_dir, ADVICE)
@@ -434,7 +435,7 @@ def _init_step(root: Path, manifest: Manifest, pair: str, tokenizer_fingerprint:
     name = init_config_name(pair)
     step_fingerprint = fingerprint({"tokenizer": tokenizer_fingerprint, "train": data_hashes["train"],
                                     "validation": data_hashes["validation"], "steps": steps,
-                                    "config": _config_texts(config_path(pair, name))})
+                                    "config": config_texts(config_path(pair, name))})
     manifest.check_overwritable(pointer, command="prepare", advice=ADVICE)
     if manifest.step_matches("init", step_fingerprint, init_dir / "config.json") and pointer.is_file():
         return manifest.steps["init"]["summary"], "reused: same data, tokenizer, config and steps"

@@ -7,6 +7,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from mgsr_lightning.config_files import composed_file
 from mgsr_lightning.missing import ROOT_ENVS, TINY_ROOT_ENV  # noqa: F401  (importable from here as before)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -44,10 +45,4 @@ def environment(**values: str) -> Iterator[None]:
 
 def composed_config(pair: str, name: str = "base") -> dict:
     """``configs/<pair>/<name>.yaml`` with its ``_base_`` files merged and interpolations resolved."""
-    import yaml
-    from omegaconf import OmegaConf
-
-    from mgsr_lightning.cli import _compose
-
-    path = config_path(pair, name)
-    return OmegaConf.to_container(_compose(yaml.safe_load(path.read_text()), path.parent, ()), resolve=True)
+    return composed_file(config_path(pair, name))
