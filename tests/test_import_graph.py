@@ -11,10 +11,10 @@ The layers, lowest first; a module may import its own layer (without a circle) a
    ``atomic``, ``distributed``, ``seeding``, ``run_lock``, ``lightning_workarounds``; helpers that import
    nothing of the package beyond this layer.
 2. losses: ``losses`` (pure functions of logits; torch and ``batch`` only).
-3. parts: ``tokenizer``, ``vocabulary``, ``models``, ``export``, ``data``, ``generation``: models and
-   tokenizers, the data, decoding.
-4. method: ``spans``, ``text_spans``, ``error_search``, ``scrg``, ``rollout``, ``regimes`` (MGSR's
-   parts), ``evaluation``, and the pieces around the LightningModule: ``callbacks``, ``resume``,
+3. parts: ``tokenizer``, ``vocabulary``, ``models``, ``export``, ``data``, ``sampling``, ``kv_cache``,
+   ``generation``: models and tokenizers, the data, decoding.
+4. method: ``spans``, ``text_spans``, ``error_search``, ``regeneration``, ``scrg``, ``rollout``,
+   ``regimes`` (MGSR's parts), ``evaluation``, and the pieces around the LightningModule: ``callbacks``, ``resume``,
    ``optim``, ``strategies``, ``guards``, ``validation``, ``warning_format``.
 5. module: ``module`` (the one LightningModule) and the package's ``__init__``, which re-exports it.
 6. cli: ``cli`` (LightningCLI) and ``config_files`` (its configs' composition).
@@ -35,9 +35,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (  # lowest first
     ("contract", ("batch", "errors", "missing", "atomic", "distributed", "seeding", "run_lock",
                   "lightning_workarounds")),
     ("losses", ("losses",)),
-    ("parts", ("tokenizer", "vocabulary", "models", "export", "data", "generation")),
-    ("method", ("spans", "text_spans", "error_search", "scrg", "rollout", "regimes", "evaluation", "callbacks",
-                "resume", "optim", "strategies", "guards", "validation", "warning_format")),
+    ("parts", ("tokenizer", "vocabulary", "models", "export", "data", "sampling", "kv_cache", "generation")),
+    ("method", ("spans", "text_spans", "error_search", "regeneration", "scrg", "rollout", "regimes", "evaluation",
+                "callbacks", "resume", "optim", "strategies", "guards", "validation", "warning_format")),
     ("module", ("module", "__init__")),
     ("cli", ("cli", "config_files")),
     ("pipeline", ("pipeline", "__main__")),
