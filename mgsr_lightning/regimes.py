@@ -3,7 +3,7 @@
 Each regime turns the current ground-truth batch into the step's *training sequences*:
 
 - ``ground_truth``: the dataset responses (KD, RKL, JSD, TVD: pure off-policy on data).
-- ``on_policy``: fresh student outputs every step (on-policy GKD, MiniLLM-style data).
+- ``on_policy``: fresh student outputs every step (on-policy GKD, MiniLLM).
 - ``mixed``: fresh student outputs with probability ``lmbda``, else ground truth (GKD, ImitKD).
 - ``adaptive_off_policy``: DistiLLM's scheduler: fresh outputs with a probability that decays over
   training, a replay buffer of earlier outputs, ground truth otherwise; the threshold rises whenever
@@ -21,10 +21,9 @@ would.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -33,7 +32,7 @@ import torch
 from torch import Tensor
 
 from mgsr_lightning.batch import Rollout
-from mgsr_lightning.distributed import gather_per_rank
+from mgsr_lightning.seqkd_cache import load_or_generate_responses
 
 log = logging.getLogger(__name__)
 
@@ -229,21 +228,9 @@ class AdaptiveOffPolicy(Regime):
         self.buffer = deque(state["buffer"], maxlen=self.config.capacity)
 
 
-def cache_fingerprint(prompts: Iterable[list[int]], identity: dict[str, Any]) -> str:
-    """Hash of the prompts and of what produced the responses (teacher, sampling, lengths, seed)."""
-    digest = hashlib.sha256(repr(sorted(identity.items())).encode())
-    for prompt in prompts:
-        digest.update(repr(prompt).encode())
-    return digest.hexdigest()[:16]
-
-
 class TeacherGenerated(Regime):
-    """SeqKD: train on the teacher's own responses, generated once and cached to disk.
-
-    The cache maps each training example's index to the teacher's response ids, and records a
-    fingerprint of the prompts and of the teacher and sampling that answered them, so a cache made
-    for other data or another teacher is rebuilt, never reused silently.
-    """
+    """SeqKD: train on the teacher's own responses, generated once and cached to disk
+    (:mod:`mgsr_lightning.seqkd_cache`: rebuilt when made for other prompts or another teacher)."""
 
     def __init__(self, config: RegimeConfig, pad_token_id: int, seed: int = 0):
         super().__init__(config, pad_token_id, seed)
@@ -259,36 +246,9 @@ class TeacherGenerated(Regime):
         rank: int = 0,
         world_size: int = 1,
     ) -> None:
-        """Load the cache at ``path``, or build it: ``generate(examples_chunk)`` answers each example.
-
-        With several ranks each generates a share (all ranks run the same number of batches, as
-        sharded models need) and the shares are gathered; rank 0 writes the file.
-        """
-        path = Path(path)
-        fingerprint = cache_fingerprint((e.prompt_ids for e in examples), identity)
-        if path.is_file():
-            cached = torch.load(path, weights_only=True)
-            if cached.get("fingerprint") == fingerprint:
-                self.responses = cached["responses"]
-                log.info("loaded %d teacher responses from %s", len(self.responses), path)
-                return
-            log.warning("%s was made for other prompts or another teacher; generating the responses again", path)
-        from tqdm.auto import tqdm
-
-        share = examples[rank::world_size]
-        n_batches = -(-len(examples) // (batch_size * world_size))  # the same on every rank
-        responses: dict[int, list[int]] = {}
-        starts = range(0, n_batches * batch_size, batch_size)
-        for start in tqdm(starts, desc="teacher responses (SeqKD)", disable=rank != 0):
-            chunk = share[start : start + batch_size] or share[-1:]  # a rank out of examples repeats one
-            for example, response in zip(chunk, generate(chunk)):
-                responses[example.index] = list(response)
-        if world_size > 1:
-            responses = {index: ids for part in gather_per_rank(responses) for index, ids in part.items()}
-        self.responses = responses
-        if rank == 0:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            torch.save({"fingerprint": fingerprint, "responses": responses}, path)
+        """Load the cache at ``path``, or build it: ``generate(examples_chunk)`` answers each example
+        (:func:`mgsr_lightning.seqkd_cache.load_or_generate_responses`)."""
+        self.responses = load_or_generate_responses(path, examples, generate, batch_size, identity, rank, world_size)
 
     def training_sequences(self, batch, ground_truth, fresh, progress):
         indices = batch["example_index"].tolist()
