@@ -6,7 +6,8 @@ outputs, or fresh ones from :mod:`.rollout`: student samples revised by SCRG, wi
 logits); student and teacher logits over them; the **objective** (:mod:`.losses.objective`) sums
 the weighted ``sft``, ``distill`` and ``span`` terms; one log. Validation generation metrics,
 SeqKD's teacher answers, the export and the resume state are callbacks (:mod:`.callbacks`,
-:mod:`.resume`) the module adds itself.
+:mod:`.resume`) the module adds itself; the validation, test and predict steps (:mod:`.held_out`) and
+the checkpoint hooks that keep the teacher out (:mod:`.checkpoint_state`) are mixins.
 
 Every method of the paper's tables is a choice of these pieces (see ``configs/``). For a new model
 pair, subclass and override :meth:`load_student` / :meth:`load_teacher` (and :meth:`load_tokenizer`
@@ -34,11 +35,14 @@ from mgsr_lightning.callbacks import (
     RunHyperparameters,
     TeacherResponses,
     ValidationConfig,
-    generate_texts,
 )
+from mgsr_lightning.checkpoint_state import TeacherOutOfCheckpoints
 from mgsr_lightning.generation import Decoding, DecodingConfig, SamplingConfig, response_logits
-from mgsr_lightning.losses.objective import DistillLoss, Objective, SpanLoss, build_clip_net, response_cross_entropy
+from mgsr_lightning.held_out import HeldOutSteps
+from mgsr_lightning.losses.minillm import MiniLLMConfig
+from mgsr_lightning.losses.objective import DistillLoss, Objective, SpanLoss, build_clip_net
 from mgsr_lightning.losses.saturation import FarFromTeacherWarning, saturation_message
+from mgsr_lightning.minillm_rollout import minillm_rollout
 from mgsr_lightning.models import ModelSource, check_pair_vocabularies, load_causal_lm
 from mgsr_lightning.optim import OptimizerConfig, build_optimizer, clip_gradients, no_decay_names, parameter_groups
 from mgsr_lightning.regimes import NoStudentOutputsWarning, RegimeConfig, TrainingSequences, build_regime
@@ -56,7 +60,7 @@ show_category_names()  # Lightning's formatter drops the category of warnings fr
 warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode at the start of training")
 
 
-class DistillLightningModule(L.LightningModule):
+class DistillLightningModule(TeacherOutOfCheckpoints, HeldOutSteps, L.LightningModule):
     """Distil ``teacher`` into ``student`` with SFT, a KD baseline or MGSR, chosen by configuration.
 
     Args:
@@ -69,6 +73,8 @@ class DistillLightningModule(L.LightningModule):
         sft_on: ``ground_truth`` (the dataset response, default) or ``training_sequence`` (the
             regime's sequences: SeqKD trains on the teacher's responses this way).
         distill: The token-level distillation term; None = no teacher term (SFT).
+        minillm: MiniLLM's policy-gradient reverse KL on fresh student (or teacher-mixed) samples;
+            needs ``regime.name: on_policy`` and no SCRG. None = off.
         span: The span-level correlation term.
         regime: Where the training sequences come from.
         scrg: Sequence correction and re-generation applied to every fresh student output; None = off.
@@ -94,6 +100,7 @@ class DistillLightningModule(L.LightningModule):
         sft_weight: float = 1.0,
         sft_on: Literal["ground_truth", "training_sequence"] = "ground_truth",
         distill: DistillLoss | None = None,
+        minillm: MiniLLMConfig | None = None,
         span: SpanLoss = SpanLoss(),
         regime: RegimeConfig = RegimeConfig(),
         scrg: ScrgConfig | None = None,
@@ -108,22 +115,24 @@ class DistillLightningModule(L.LightningModule):
         self.save_hyperparameters()
         if teacher is not None and teacher.name_or_path is None and teacher.config is None:
             teacher = None  # settings without a model (a preset's dtype under an SFT config): no teacher
-        needs_teacher = distill is not None or span.weight > 0 or scrg is not None or regime.name == "teacher_generated"
+        needs_teacher = (distill is not None or minillm is not None or span.weight > 0 or scrg is not None
+                         or regime.name == "teacher_generated")
         if needs_teacher and teacher is None:
-            raise ValueError(
-                "this configuration uses the teacher (distill, span, SCRG or teacher_generated) but `teacher` is unset"
-            )
+            raise ValueError("this configuration uses the teacher (distill, minillm, span, SCRG or teacher_generated) "
+                             "but `teacher` is unset")
+        if minillm is not None and (regime.name != "on_policy" or scrg is not None):
+            raise ValueError("minillm (a policy gradient on fresh samples) needs regime.name on_policy and no SCRG")
         self.student_source, self.teacher_source = student, teacher
         self.tokenizer_name = tokenizer or student.name_or_path or (teacher.name_or_path if teacher else None)
         if self.tokenizer_name is None:
             raise ValueError("set `tokenizer`: neither the student nor the teacher is loaded from a folder or hub id")
         self.eos_token, self.max_length = eos_token, max_length
-        self.distill, self.span, self.regime_config, self.scrg = distill, span, regime, scrg
+        self.distill, self.minillm, self.span, self.regime_config, self.scrg = distill, minillm, span, regime, scrg
         self.decoding_config = decoding
         self.sampling, self.optimizer_config, self.validation_config = sampling, optimizer, validation
         self.export_dir, self.seed = export_dir, seed
         self.clip_net = build_clip_net(distill)
-        self.objective = Objective(sft_weight, sft_on, distill, span, clip_net=self.clip_net)
+        self.objective = Objective(sft_weight, sft_on, distill, span, clip_net=self.clip_net, minillm=minillm)
         self.student: PreTrainedModel | None = None
         self.teacher: PreTrainedModel | None = None
         self.tokenizer = None
@@ -200,21 +209,6 @@ class DistillLightningModule(L.LightningModule):
             self.teacher.eval()  # the teacher never trains: no dropout even in training mode
         return self
 
-    # ---- checkpoints: the frozen teacher stays out (regime and RNG states: ``resume.ResumeState``) -
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if not k.startswith("teacher.")}
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        self._build_student_side()  # `load_from_checkpoint` builds the module without the Trainer
-
-    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
-        if self.teacher is not None:
-            state_dict = dict(state_dict)
-            for key, value in self.teacher.state_dict().items():
-                state_dict.setdefault(f"teacher.{key}", value)
-        return super().load_state_dict(state_dict, strict=strict, assign=assign)
-
     # ---- the pieces a step is made of ------------------------------------------------------------
 
     def logits(self, model: PreTrainedModel, sequences: Rollout) -> Tensor:
@@ -226,12 +220,16 @@ class DistillLightningModule(L.LightningModule):
         return self.logits(self.teacher, sequences)
 
     def student_outputs(self, ground_truth: Rollout) -> TrainingSequences:
-        """Fresh student responses to the batch's prompts (SCRG-revised when on): ``rollout.student_rollout``."""
+        """Fresh student responses to the batch's prompts: ``rollout.student_rollout`` (SCRG-revised when on),
+        or MiniLLM's teacher-mixed ones (``minillm_rollout``)."""
         on_trainer = self._trainer is not None
         seeds = rollout_seeds(
             self.seed, self.trainer.fit_loop.total_batch_idx if on_trainer else 0, ground_truth.batch_size,
             rank=self.global_rank if on_trainer else 0, world_size=self.trainer.world_size if on_trainer else 1,
         )
+        if self.minillm is not None:
+            return minillm_rollout(self.student, self.teacher, ground_truth, self.decoding, self.minillm.teacher_mix,
+                                   seeds)
         return student_rollout(self.student, self.teacher, ground_truth, self.decoding, self.scrg, seeds)
 
     @property
@@ -288,38 +286,6 @@ class DistillLightningModule(L.LightningModule):
         groups = parameter_groups(self.student, self.optimizer_config, self._no_decay_names, self.clip_net,
                                   self.distill.clip_net_lr if self.clip_net is not None else None)
         return build_optimizer(groups, self.optimizer_config, int(self.trainer.estimated_stepping_batches))
-
-    # ---- validation, test and predict ------------------------------------------------------------
-
-    def _score_loss(self, batch: dict[str, Any], metric: MeanMetric, name: str, **log_kwargs) -> None:
-        """Update and log ``metric`` with the batch's response cross-entropy."""
-        ground_truth = Rollout.from_batch(batch)
-        loss = response_cross_entropy(self.logits(self.student, ground_truth), ground_truth)
-        metric.update(loss, weight=ground_truth.response_mask.sum())
-        self.log(name, metric, batch_size=ground_truth.batch_size, **log_kwargs)
-
-    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        """Validation loss (ROUGE-L and exact match: ``callbacks.GenerationMetrics``)."""
-        self._score_loss(batch, self.val_loss, "val/loss", prog_bar=True)
-
-    def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        """Loss over the whole test split (ROUGE-L and exact match, one sampling seed: ``GenerationMetrics``).
-
-        For the paper's protocol (five sampling seeds, several evaluation sets) use ``evaluate``.
-        """
-        self._score_loss(batch, self.test_loss, "test/loss")
-
-    def predict_step(self, batch: dict[str, Any], batch_idx: int) -> list[dict[str, Any]]:
-        """The student's sampled response to each prompt of the batch, with its example index."""
-        predictions = generate_texts(self, batch)
-        return [
-            {"example_index": int(index), "prediction": text, "references": references}
-            for index, text, references in zip(batch["example_index"].tolist(), predictions, batch["references"])
-        ]
-
-    def on_validation_epoch_end(self) -> None:
-        if not self.trainer.sanity_checking and self.regime is not None and self.val_loss.update_count:
-            self.regime.on_validation_loss(float(self.val_loss.compute()))
 
 
 def _as_floats(values: dict[str, Any]) -> dict[str, Tensor | float]:

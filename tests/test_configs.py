@@ -18,7 +18,7 @@ PAIRS = {"tiny": "gpt2", "reason": "gpt2", "facts": "gpt2", "gpt2": "gpt2", "opt
          "llama2": "llama", "smollm2": "llama"}
 RUNNABLE = sorted(p for pair in PAIRS for p in (CONFIGS / pair).glob("*.yaml") if p.stem != "base")
 EXPECTED_METHODS = {
-    "sft", "kd", "seqkd", "rkl", "jsd", "tvd", "imitkd", "gkd", "distillm", "abkd", "mgsr", "mgsr_paper",
+    "sft", "kd", "seqkd", "rkl", "jsd", "tvd", "imitkd", "gkd", "distillm", "abkd", "minillm", "mgsr", "mgsr_paper",
     "mgsr_base", "mgsr_scrg", "mgsr_scrg_dac", "mgsr_scrg3", "mgsr_scrg5",
     "mgsr_scrg_on_policy", "mgsr_scrg_mixed", "mgsr_noscrg_on_policy", "mgsr_noscrg_mixed", "mgsr_noscrg_adaptive",
     "teacher",
@@ -62,6 +62,7 @@ EXPECTED = {
     "mgsr_scrg": (1.0, "ground_truth", "forward_kl", 0.0, "adaptive_off_policy", True),
     "mgsr_scrg_dac": (1.0, "ground_truth", "dac_kl", 0.0, "adaptive_off_policy", True),
     "abkd": (0.0, "ground_truth", "abkd", 0.0, "adaptive_off_policy", False),
+    "minillm": (1.0, "ground_truth", None, 0.0, "on_policy", False),  # its policy-gradient term: init["minillm"]
     "mgsr": (1.0, "ground_truth", "dac_kl", 0.1, "adaptive_off_policy", True),
     "mgsr_paper": (1.0, "ground_truth", "dac_kl", 1.0, "adaptive_off_policy", True),
     "mgsr_scrg3": (1.0, "ground_truth", "dac_kl", 0.1, "adaptive_off_policy", True),

@@ -1,11 +1,12 @@
 """The training objective: which loss terms a method sums, with what weights, as one callable.
 
-    loss = sft_weight · L_SFT  +  distill.weight · L_distill  +  span.weight · L_span
+    loss = sft_weight · L_SFT  +  distill.weight · L_distill  +  minillm.weight · L_MiniLLM  +  span.weight · L_span
 
 - ``sft``: cross-entropy on the ground-truth response (``sft_on: ground_truth``, the default: never
   on the student's own text) or on the training sequences (``training_sequence``: SeqKD);
 - ``distill``: a divergence of :mod:`mgsr_lightning.losses.divergences`, or DAC-KL with its ClipNet,
   over the training sequences' response tokens;
+- ``minillm``: MiniLLM's policy-gradient reverse KL on sampled responses (:mod:`mgsr_lightning.losses.minillm`);
 - ``span``: span-level correlation (:mod:`mgsr_lightning.losses.span_correlation`) inside the spans
   the span prior finds in the training sequences.
 
@@ -26,6 +27,7 @@ from mgsr_lightning.batch import Rollout
 from mgsr_lightning.losses.dac_kl import ClipNet, dac_kl
 from mgsr_lightning.losses.divergences import DIVERGENCES
 from mgsr_lightning.losses.gradient_ratio import gradient_norm_ratio
+from mgsr_lightning.losses.minillm import MiniLLMConfig, minillm_loss
 from mgsr_lightning.losses.span_correlation import span_correlation_loss, span_pair_mask
 
 DistillLossName = Literal[
@@ -109,7 +111,7 @@ class Objective:
     """``objective(...) -> (loss, metrics)``: the weighted sum of the configured terms and what to log.
 
     Args:
-        sft_weight, sft_on, distill, span: the module's init args of the same names.
+        sft_weight, sft_on, distill, span, minillm: the module's init args of the same names.
         clip_net: DAC-KL's ClipNet (``build_clip_net``), owned and optimised by the module.
         span_prior: token ids [B, R] and mask -> span ids [B, R] (:mod:`mgsr_lightning.spans`);
             needed when the span term is on.
@@ -123,8 +125,10 @@ class Objective:
         span: SpanLoss,
         clip_net: ClipNet | None = None,
         span_prior: Callable[[Tensor, Tensor], Tensor] | None = None,
+        minillm: MiniLLMConfig | None = None,
     ):
         self.sft_weight, self.sft_on, self.distill, self.span = sft_weight, sft_on, distill, span
+        self.minillm = minillm
         self.clip_net, self.span_prior = clip_net, span_prior
 
     @property
@@ -132,12 +136,13 @@ class Objective:
         return {
             "sft": self.sft_weight,
             "distill": self.distill.weight if self.distill is not None else 0.0,
+            "minillm": self.minillm.weight if self.minillm is not None else 0.0,
             "span": self.span.weight,
         }
 
     @property
     def uses_teacher(self) -> bool:
-        return self.distill is not None or self.span.weight > 0
+        return self.distill is not None or self.minillm is not None or self.span.weight > 0
 
     @property
     def sft_on_ground_truth(self) -> bool:
@@ -171,6 +176,11 @@ class Objective:
         if self.distill is not None:
             terms["distill"], distill_diagnostics = self._distill(student_logits, teacher_logits, mask)
             diagnostics |= distill_diagnostics
+        if self.minillm is not None:
+            terms["minillm"], minillm_diagnostics = minillm_loss(
+                student_logits, teacher_logits, sequences.response_ids, mask, self.minillm
+            )
+            diagnostics |= minillm_diagnostics
         if self.span.weight > 0:
             spans = self.span_prior(sequences.response_ids, mask)
             terms["span"] = self._span(student_logits, teacher_logits, mask, spans)

@@ -41,14 +41,15 @@ from mgsr_lightning.pipeline.tiny import prepare_tiny
 
 log = logging.getLogger(__name__)
 
-PAPER_METHODS = ["sft", "kd", "seqkd", "imitkd", "gkd", "distillm", "mgsr"]
+PAPER_METHODS = ["sft", "kd", "seqkd", "imitkd", "minillm", "gkd", "distillm", "mgsr"]
 TINY_METHODS = ["sft", "kd", "rkl", "jsd", "gkd", "imitkd", "distillm", "abkd", "mgsr_base", "mgsr_scrg",
                 "mgsr_scrg_dac", "mgsr", "mgsr_paper"]
 # the reason benchmark's default: the acceptance baselines, ABKD, MGSR and its Table 2 ablation
 REASON_METHODS = ["sft", "kd", "distillm", "abkd", "mgsr", "mgsr_base", "mgsr_scrg", "mgsr_scrg_dac"]
 METHOD_LABELS = {
     "teacher": "Teacher", "sft": "SFT", "kd": "KD", "seqkd": "SeqKD", "rkl": "RKL", "jsd": "JSD", "tvd": "TVD",
-    "imitkd": "ImitKD", "gkd": "GKD", "distillm": "DistiLLM", "abkd": "ABKD", "mgsr": "MGSR",
+    "imitkd": "ImitKD", "minillm": "MiniLLM", "gkd": "GKD", "distillm": "DistiLLM", "abkd": "ABKD",
+    "mgsr": "MGSR",
     "mgsr_paper": "MGSR (paper's reading)",
     "mgsr_base": "MGSR base (no SCRG/DAC-KL/span)", "mgsr_scrg": "MGSR base +SCRG",
     "mgsr_scrg_dac": "MGSR base +SCRG +DAC-KL", "mgsr_scrg3": "MGSR, 3 SCRG corrections",
