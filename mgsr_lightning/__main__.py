@@ -2,7 +2,7 @@
 
 LightningCLI subcommands: ``fit``, ``validate``, ``test``, ``predict`` (``--config configs/...yaml``).
 Pipeline commands: ``prepare``, ``prepare-tiny``, ``prepare-smollm2``, ``train-tokenizer``, ``demo``, ``evaluate``,
-``table``, ``export``, ``reproduce``.
+``table``, ``export``, ``reproduce``, ``cache-teacher``.
 
 A mistake in what was given (a path, a row, a value, a name, a checkpoint) or a full or read-only
 disk ends every command with one ``error: ...`` line and exit status 2; ``--debug`` (anywhere on
@@ -38,16 +38,18 @@ Pipelines:
   table         merge `evaluate` outputs into one Table-1-style table and chart
   export        turn a training checkpoint into a Hugging Face model folder
   reproduce     the paper's pipeline: distil each method, evaluate, write Table 1 and a chart
+  cache-teacher run a fit config's teacher once over its training split, store its top-k per token
 
 Run `python -m mgsr_lightning <command> --help` for the options of a command. Errors in what was
 given are reported in one line; --debug (or MGSR_DEBUG=1) shows the traceback.
 """
 LIGHTNING_COMMANDS = ("fit", "validate", "test", "predict")
 PIPELINE_COMMANDS = ("prepare", "prepare-tiny", "prepare-smollm2", "train-tokenizer", "demo", "evaluate", "table",
-                     "export", "reproduce")
+                     "export", "reproduce", "cache-teacher")
 
 
 def _pipeline_commands():
+    from mgsr_lightning.pipeline.cache_teacher import cache_teacher
     from mgsr_lightning.pipeline.commands import demo, evaluate, export, reproduce
     from mgsr_lightning.pipeline.own_data import prepare, train_tokenizer
     from mgsr_lightning.pipeline.smollm2 import prepare_smollm2
@@ -56,11 +58,15 @@ def _pipeline_commands():
 
     return {"prepare": prepare, "prepare-tiny": prepare_tiny, "prepare-smollm2": prepare_smollm2,
             "train-tokenizer": train_tokenizer, "demo": demo, "evaluate": evaluate, "table": table, "export": export,
-            "reproduce": reproduce}
+            "reproduce": reproduce, "cache-teacher": cache_teacher}
 
 
 def _run_pipeline(command: str, args: list[str]) -> None:
     function = _pipeline_commands()[command]
+    if command == "cache-teacher":
+        from mgsr_lightning.pipeline.cache_teacher import command_arguments
+
+        args = command_arguments(args)
     try:
         CLI(function, args=args, as_positional=False, exit_on_error=False, allow_abbrev=False,
             prog=f"python -m mgsr_lightning {command}")

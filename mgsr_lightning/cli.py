@@ -41,7 +41,7 @@ from mgsr_lightning.validation import CKPT_KEYWORDS, check_checkpoint, check_run
 PARSER_MODE = "omegaconf_base"
 PROG = "python -m mgsr_lightning"
 # inputs stored in checkpoints as given; made absolute so a checkpoint works from any working directory
-INPUT_PATH_KEYS = ("data.tokenizer", "data.train_data", "data.val_data", "data.test_data",
+INPUT_PATH_KEYS = ("data.tokenizer", "data.train_data", "data.val_data", "data.test_data", "data.teacher_cache",
                    "model.init_args.tokenizer", "model.init_args.student.name_or_path",
                    "model.init_args.teacher.name_or_path")
 OUTPUT_PATH_KEYS = ("model.init_args.export_dir", "model.init_args.regime.cache_path")
@@ -228,6 +228,7 @@ class DistillCLI(LightningCLI):
         parser.link_arguments("data.tokenizer", "model.init_args.tokenizer")
         parser.link_arguments("data.eos_token", "model.init_args.eos_token")
         parser.link_arguments("data.max_length", "model.init_args.max_length")
+        parser.link_arguments("data.teacher_cache", "model.init_args.teacher_cache")
         parser.link_arguments("seed_everything", "data.seed", compute_fn=training_seed)
         parser.link_arguments("seed_everything", "model.init_args.seed", compute_fn=training_seed)
 

@@ -51,6 +51,7 @@ from mgsr_lightning.rollout import student_rollout
 from mgsr_lightning.scrg import ScrgConfig
 from mgsr_lightning.seeding import rollout_seeds
 from mgsr_lightning.spans import build_span_prior
+from mgsr_lightning.teacher_cache import cached_teacher_logits, check_teacher, needs_live_teacher
 from mgsr_lightning.tokenizer import load_tokenizer, token_id
 from mgsr_lightning.warning_format import show_category_names
 
@@ -88,6 +89,8 @@ class DistillLightningModule(TeacherOutOfCheckpoints, HeldOutSteps, L.LightningM
         seed: Seed of the module's own random draws: config-built models' initialisation (unless
             their source sets one), the regime's choices and the rollouts' sampling. The CLI links
             it to ``seed_everything``, so one training seed varies all of them.
+        teacher_cache: The data's teacher cache (linked to ``data.teacher_cache``): ground-truth steps read the
+            teacher from it, and a method that trains on ground truth only never loads the teacher.
     """
 
     def __init__(
@@ -110,6 +113,7 @@ class DistillLightningModule(TeacherOutOfCheckpoints, HeldOutSteps, L.LightningM
         validation: ValidationConfig = ValidationConfig(),
         export_dir: str | None = None,
         seed: int = 0,
+        teacher_cache: str | None = None,
     ):
         super().__init__()
         self.save_hyperparameters()
@@ -130,7 +134,7 @@ class DistillLightningModule(TeacherOutOfCheckpoints, HeldOutSteps, L.LightningM
         self.distill, self.minillm, self.span, self.regime_config, self.scrg = distill, minillm, span, regime, scrg
         self.decoding_config = decoding
         self.sampling, self.optimizer_config, self.validation_config = sampling, optimizer, validation
-        self.export_dir, self.seed = export_dir, seed
+        self.export_dir, self.seed, self.teacher_cache = export_dir, seed, teacher_cache
         self.clip_net = build_clip_net(distill)
         self.objective = Objective(sft_weight, sft_on, distill, span, clip_net=self.clip_net, minillm=minillm)
         self.student: PreTrainedModel | None = None
@@ -179,13 +183,16 @@ class DistillLightningModule(TeacherOutOfCheckpoints, HeldOutSteps, L.LightningM
     def configure_model(self) -> None:
         """Load tokenizer, student and teacher once (called by the Trainer; sharded under FSDP)."""
         self._build_student_side()
-        if self.teacher is None and self.teacher_source is not None:
+        if self.teacher is None and self.teacher_source is not None and needs_live_teacher(
+                self.regime_config.name, self.scrg is not None, self.teacher_cache):
             teacher = self.load_teacher()
             teacher.eval()
             teacher.requires_grad_(False)
             self.teacher = teacher
         self.vocab_size = check_pair_vocabularies(self.tokenizer, self.student, self.teacher, self.student_source,
                                                   self.teacher_source)
+        if self.teacher_cache is not None and self.teacher_source is not None:
+            check_teacher(self.teacher_cache, self.teacher_source, self.vocab_size)
         self._no_decay_names = no_decay_names(self.student)
         # Every forward is a collective when parameters are sharded: ranks decode in lockstep.
         synced = self._trainer is not None and self.trainer.world_size > 1
@@ -252,6 +259,8 @@ class DistillLightningModule(TeacherOutOfCheckpoints, HeldOutSteps, L.LightningM
         if self.objective.sft_on_ground_truth and sequences is not ground_truth:
             ground_truth_logits = self.logits(self.student, ground_truth)
         teacher_logits = step.teacher_logits
+        if teacher_logits is None and self.objective.uses_teacher:  # ground truth: from the teacher cache if any
+            teacher_logits = cached_teacher_logits(batch, step, self.vocab_size)
         if teacher_logits is None and self.objective.uses_teacher:
             teacher_logits = self.teacher_logits(sequences)
         # 3. the loss terms and their weighted sum

@@ -38,7 +38,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (  # lowest first
     ("losses", ("losses",)),
     ("parts", ("tokenizer", "vocabulary", "models", "export", "data", "sampling", "kv_cache", "generation")),
     ("method", ("spans", "text_spans", "error_search", "regeneration", "scrg", "rollout", "regimes", "evaluation",
-                "callbacks", "resume", "optim", "strategies", "guards", "validation", "warning_format",
+                "callbacks", "resume", "optim", "strategies", "guards", "validation", "warning_format", "teacher_cache",
                 "minillm_rollout", "seqkd_cache", "held_out", "checkpoint_state")),
     ("module", ("module", "__init__")),
     ("cli", ("cli",)),

@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from mgsr_lightning.data.collate import EncodedExample, InstructionCollator
 from mgsr_lightning.data.records import load_records
+from mgsr_lightning.data.teacher_cache import CachedTeacherCollator, TeacherCache
 from mgsr_lightning.data.templates import PromptTemplate, render_prompt
 from mgsr_lightning.errors import ConfigError
 from mgsr_lightning.lightning_workarounds import allow_resuming_mid_epoch
@@ -145,6 +146,9 @@ class InstructionDataModule(L.LightningDataModule):
         num_workers: DataLoader worker processes.
         seed: Seed of the training order (resumable mid-epoch); linked to ``seed_everything`` in the CLI.
         hf_split: Split name when ``train_data`` is a Hugging Face dataset or a saved ``DatasetDict``.
+        teacher_cache: A folder written by ``python -m mgsr_lightning cache-teacher`` for this data: each
+            training batch then carries the teacher's cached top-k over its ground-truth responses
+            (:mod:`mgsr_lightning.data.teacher_cache`). Refused if made for other rows, template or lengths.
     """
 
     def __init__(
@@ -166,6 +170,7 @@ class InstructionDataModule(L.LightningDataModule):
         num_workers: int = 0,
         seed: int = 0,
         hf_split: str = "train",
+        teacher_cache: str | None = None,
     ):
         super().__init__()
         if max_prompt_length >= max_length:
@@ -176,6 +181,13 @@ class InstructionDataModule(L.LightningDataModule):
         self.datasets: dict[str, EncodedDataset] = {}
         self.length_stats: dict[str, dict[str, int]] = {}
         self._resume_position: dict[str, int] | None = None
+        self.teacher_cache: TeacherCache | None = None
+
+    def encoding_settings(self) -> dict[str, Any]:
+        """What, besides the rows, decides the encoded training examples (a teacher cache's data key)."""
+        h = self.hparams
+        return {"template": h.template, "max_length": h.max_length, "max_prompt_length": h.max_prompt_length,
+                "overlong": h.overlong, "eos_token_id": self.eos_token_id}
 
     def _encode(self, name: str, records: list[dict[str, Any]]) -> EncodedDataset:
         h = self.hparams
@@ -211,6 +223,8 @@ class InstructionDataModule(L.LightningDataModule):
                 val_records = val_records[: h.max_val_examples]
             self.datasets["train"] = self._encode("train", train_records)
             self.datasets["val"] = self._encode("validation", val_records)
+            if h.teacher_cache is not None:
+                self.teacher_cache = TeacherCache(h.teacher_cache, self.train_examples(), self.encoding_settings())
         if stage in (None, "test", "predict") and "test" not in self.datasets:
             if h.test_data is None:
                 raise ConfigError("`test_data` is required to test or predict")
@@ -240,10 +254,11 @@ class InstructionDataModule(L.LightningDataModule):
             sampler.set_epoch(self._resume_position["epoch"])
             sampler._skip = min(self._resume_position["consumed"], sampler.total_size)
             self._resume_position = None
-        return DataLoader(
-            dataset, batch_size=self.hparams.batch_size, sampler=sampler,
-            collate_fn=InstructionCollator(self.tokenizer.pad_token_id), num_workers=self.hparams.num_workers,
-        )
+        pad_id = self.tokenizer.pad_token_id
+        collate = InstructionCollator(pad_id) if self.teacher_cache is None else CachedTeacherCollator(
+            pad_id, self.teacher_cache)
+        return DataLoader(dataset, batch_size=self.hparams.batch_size, sampler=sampler, collate_fn=collate,
+                          num_workers=self.hparams.num_workers)
 
     def _eval_loader(self, name: str) -> DataLoader:
         return DataLoader(

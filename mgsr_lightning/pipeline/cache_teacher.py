@@ -1,0 +1,95 @@
+"""``cache-teacher``: run a fit config's teacher once over its training split and store its top-k per position.
+
+A run then reads it with ``--data.teacher_cache=<out>`` (see ``docs/teacher_cache.md``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+
+import torch
+
+from mgsr_lightning.data.teacher_cache import META_FILE, data_fingerprint, teacher_fingerprint
+from mgsr_lightning.errors import ConfigError
+from mgsr_lightning.models import check_vocabularies
+from mgsr_lightning.teacher_cache import write_teacher_cache
+from mgsr_lightning.tokenizer import token_id
+
+log = logging.getLogger(__name__)
+
+
+def command_arguments(args: list[str]) -> list[str]:
+    """The command line with its ``--config`` options (fit configs, as ``fit`` takes them, possibly several)
+    passed as one ``--fit_config`` list: jsonargparse reads ``--config`` as a config of the command itself."""
+    configs, rest, position = [], [], 0
+    while position < len(args):
+        arg = args[position]
+        if arg == "--config" and position + 1 < len(args):
+            configs.append(args[position + 1])
+            position += 2
+            continue
+        if arg.startswith("--config="):
+            configs.append(arg.removeprefix("--config="))
+        else:
+            rest.append(arg)
+        position += 1
+    return ([f"--fit_config={json.dumps(configs)}"] if configs else []) + rest
+
+
+def cache_teacher(
+    fit_config: list[str], top_k: int = 64, out: str | None = None, overrides: list[str] | None = None,
+    batch_size: int | None = None, device: str | None = None,
+) -> dict:
+    """Run the teacher of a fit config once over the training split, as its data module encodes it, and write
+    each response position's top-k token ids and log-probabilities and the log of the remaining mass.
+
+    Args:
+        fit_config: The fit config(s), given as ``--config <file>`` like to ``fit`` (e.g.
+            ``configs/facts/kd.yaml``); every method of a pair with the same teacher, data, template and
+            lengths can share one cache.
+        top_k: Entries kept per position (the vocabulary size keeps all of them: exact).
+        out: Cache folder (default: ``teacher_cache-k<top_k>`` beside the config's run folder).
+        overrides: Further fit options, e.g. ``["--data.max_train_examples=1000"]``.
+        batch_size: Rows per teacher forward (default: the data's evaluation batch size).
+        device: ``cpu``, ``cuda``, ... (default: ``cuda`` when available).
+    """
+    from mgsr_lightning.cli import run_cli
+
+    configs = list(fit_config)
+    cli = run_cli([arg for path in configs for arg in ("--config", path)] + list(overrides or []), run=False)
+    module, datamodule = cli.model, cli.datamodule
+    if module.teacher_source is None:
+        raise ConfigError(f"{configs[-1]} has no teacher to cache")
+    if top_k < 1:
+        raise ConfigError(f"top_k must be at least 1, got {top_k}")
+    out = out or str(Path(cli.trainer.default_root_dir).parent / f"teacher_cache-k{top_k}")
+    datamodule.setup("fit")
+    examples = datamodule.train_examples()
+    module.tokenizer = module.load_tokenizer()  # what `configure_model` sets before loading the teacher
+    module.eos_token_id = token_id(module.tokenizer, module.eos_token)
+    meta = {"data": data_fingerprint(examples, datamodule.encoding_settings()),
+            "teacher": teacher_fingerprint(module.teacher_source), "teacher_source": module.teacher_source.describe()}
+    meta_path = Path(out) / META_FILE
+    if meta_path.is_file():
+        existing = json.loads(meta_path.read_text())
+        if all(existing.get(key) == value for key, value in meta.items()) and existing.get("top_k") == top_k:
+            print(f"teacher cache {out} is up to date (k={top_k}, {existing['rows']} rows)")
+            return existing
+        log.warning("%s was made for another teacher, data or k: building it again", out)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    teacher = module.load_teacher().to(device).eval().requires_grad_(False)
+    vocab_size = check_vocabularies(len(module.tokenizer), {"teacher": teacher})
+    key = hashlib.sha256(json.dumps([meta["data"], meta["teacher"], top_k, vocab_size]).encode()).hexdigest()[:16]
+    written = write_teacher_cache(
+        teacher, examples, out, top_k=min(top_k, vocab_size), vocab_size=vocab_size,
+        pad_token_id=module.tokenizer.pad_token_id, batch_size=batch_size or datamodule.generation_batch_size,
+        meta=meta | {"key": key},
+    )
+    mib_per_million = written["bytes"] / written["positions"] * 1e6 / 2**20
+    print(f"teacher cache {out}: {written['rows']} rows, {written['positions']} positions, k={written['top_k']}, "
+          f"{written['bytes'] / 2**20:.1f} MiB ({mib_per_million:.0f} MiB per million tokens)")
+    print(f"train from it: python -m mgsr_lightning fit --config {configs[-1]} --data.teacher_cache={out}")
+    return written
