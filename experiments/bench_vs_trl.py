@@ -25,6 +25,9 @@ Rows (DistiLLM's efficiency table: seconds per training sample; a sample is one 
 - DistiLLM, ABKD, MGSR: their ``configs/methods`` losses with the regime forced to ``on_policy``, so
   every step samples (the worst case: their default adaptive schedule samples in a share of
   steps). MGSR revises each sample with SCRG (one correction). TRL has no counterpart.
+- MiniLLM: ``configs/methods/minillm.yaml`` as it is (on-policy already): teacher-mixed samples
+  (α = 0.2, both models decoding), the policy-gradient and single-step terms, and the SFT term on
+  the ground truth standing for its pre-training loss. TRL has no counterpart.
 
 Targets printed under the table: our GKD against ``DistillationTrainer`` (≥ 1.5× its steps/s), and
 MGSR's step against its floor (≤ 1.15×): DistiLLM's step plus the response tokens SCRG re-generated
@@ -71,6 +74,7 @@ JOBS = [
     ("SeqKD", "ours", "seqkd"), ("SeqKD", "trl", "seqkd"),
     ("GKD", "ours", "gkd"), ("GKD", "trl", "gkd_on_policy"), ("GKD", "trl", "distillation"),
     ("DistiLLM", "ours", "distillm"), ("ABKD", "ours", "abkd"), ("MGSR", "ours", "mgsr"),
+    ("MiniLLM", "ours", "minillm"),
 ]
 TRL_NAMES = {
     "sft": "SFTTrainer", "gkd_off_policy": "GKDTrainer lmbda=0", "seqkd": "GKDTrainer seq_kd",
@@ -182,6 +186,7 @@ def method_kwargs(method: str) -> dict:
 
     from mgsr_lightning.cli import _compose
     from mgsr_lightning.generation import SamplingConfig  # noqa: F401  (imported for the dataclasses below)
+    from mgsr_lightning.losses.minillm import MiniLLMConfig
     from mgsr_lightning.losses.objective import DistillLoss, SpanLoss
     from mgsr_lightning.regimes import RegimeConfig
     from mgsr_lightning.scrg import ScrgConfig
@@ -199,6 +204,7 @@ def method_kwargs(method: str) -> dict:
     kwargs["span"] = SpanLoss(**init.get("span", {}))
     kwargs["regime"] = RegimeConfig(**init.get("regime", {}))
     kwargs["scrg"] = ScrgConfig(**init["scrg"]) if init.get("scrg") else None
+    kwargs["minillm"] = MiniLLMConfig(**init["minillm"]) if init.get("minillm") else None
     kwargs["uses_teacher"] = "teacher" not in init or init["teacher"] is not None
     return kwargs
 
