@@ -227,8 +227,7 @@ class DistillLightningModule(TeacherOutOfCheckpoints, HeldOutSteps, L.LightningM
         return self.logits(self.teacher, sequences)
 
     def student_outputs(self, ground_truth: Rollout) -> TrainingSequences:
-        """Fresh student responses to the batch's prompts: ``rollout.student_rollout`` (SCRG-revised when on),
-        or MiniLLM's teacher-mixed ones (``minillm_rollout``)."""
+        """Fresh responses to the prompts: ``student_rollout`` (SCRG-revised when on) or ``minillm_rollout``."""
         on_trainer = self._trainer is not None
         seeds = rollout_seeds(
             self.seed, self.trainer.fit_loop.total_batch_idx if on_trainer else 0, ground_truth.batch_size,
