@@ -57,8 +57,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mgsr_lightning.losses._common import PADDED_LOG_PROB, check_inputs, log_softmax, log_softmax_pair, reduce_positions
+from mgsr_lightning.losses._common import PADDED_LOG_PROB, check_inputs, log_softmax_pair, reduce_positions
 from mgsr_lightning.losses.dac_kl_backward import RestKL
+from mgsr_lightning.losses.dac_kl_band import band_coordinate, log_out_of_band, sort_teacher
 from mgsr_lightning.losses.divergences import DIVERGENCES, check_terms_params
 
 MODES = ("learned", "fixed")
@@ -231,7 +232,7 @@ def dac_kl(
         student_sorted = student_log_probs.gather(-1, order)  # [n, V]
         teacher_sorted_probs = teacher_sorted.exp()
         lower, upper = bounds(teacher_sorted_probs)
-        position = _band_coordinate(band, teacher_sorted_probs, student_rows, teacher_rows) / beta  # c_k / β, [n, V]
+        position = band_coordinate(band, teacher_sorted_probs, student_rows, teacher_rows) / beta  # c_k / β, [n, V]
         log_band = F.logsigmoid(position - (lower / beta)[:, None]) + F.logsigmoid((upper / beta)[:, None] - position)
 
         first_band_entry = 1 if target_class else 0
@@ -245,8 +246,8 @@ def dac_kl(
         teacher_clipped = log_weight + teacher_sorted  # log t_k, [n, V]
         student_clipped = log_weight + student_sorted  # log s_k, [n, V]
         if variant == "rest":  # log t_rest, log s_rest: entry V + 1, added as its own term (no [n, V + 1] copies)
-            teacher_rest = _log_out_of_band(log_weight, teacher_sorted)  # [n, 1]
-            student_rest = _log_out_of_band(log_weight, student_sorted)
+            teacher_rest = log_out_of_band(log_weight, teacher_sorted)  # [n, 1]
+            student_rest = log_out_of_band(log_weight, student_sorted)
             # no mass outside the band on either side: an empty entry, finite so that no base meets -inf − (-inf)
             empty = torch.isneginf(teacher_rest) & torch.isneginf(student_rest)
             rest = divergence_terms(student_rest.masked_fill(empty, PADDED_LOG_PROB),
@@ -260,18 +261,14 @@ def dac_kl(
 
     def _rest_rows(student_rows: Tensor, teacher_rows: Tensor) -> Tensor:
         """The "rest" variant with the teacher constant: the same values through ``RestKL``'s own
-        backward, the teacher's side computed once without autograd."""
-        with torch.no_grad():
-            padded = torch.isneginf(student_rows) & torch.isneginf(teacher_rows)
-            teacher_log_probs = log_softmax(teacher_rows, temperature).masked_fill_(padded, PADDED_LOG_PROB)
-            teacher_sorted, order = teacher_log_probs.sort(dim=-1, descending=True)  # [n, V], [n, V] int64
-            del teacher_log_probs
-            teacher_sorted_probs = teacher_sorted.exp()
-            coordinate = _band_coordinate(band, teacher_sorted_probs, student_rows, teacher_rows)  # c_k, [n, V]
-        lower, upper = bounds(teacher_sorted_probs)
+        backward, the teacher's side sorted once without autograd (in blocks of rows)."""
+        summary_k = getattr(clip_net, "k", student_rows.size(-1)) if learned else None
+        teacher_sorted, order, real, summary = sort_teacher(student_rows, teacher_rows, temperature, band=band,
+                                                            summary_k=summary_k)
+        lower, upper = bounds(teacher_sorted if summary is None else summary)  # ClipNet: the top-k and tail mass
         kl, kept = RestKL.apply(
-            student_rows, lower, upper, teacher_sorted, teacher_sorted_probs, order, coordinate,
-            temperature, beta, target_class, rho_min if guarded else None,
+            student_rows, lower, upper, teacher_sorted, order, real, band, temperature, beta, target_class,
+            rho_min if guarded else None,
         )
         return _row_values(kl, kept, lower, upper)
 
@@ -293,22 +290,3 @@ def dac_kl(
     )
     return loss, dict(zip(DIAGNOSTICS, diagnostics.unbind(0)))
 
-
-def _log_out_of_band(log_weight: Tensor, sorted_log_probs: Tensor) -> Tensor:
-    """log Σ_k (1 − w_k)·prob_k, [n, 1]; -inf where the band keeps everything.
-
-    Summed in probability space, with ``1 − w = −expm1(log w)`` exact near w = 1: the mass outside a
-    band that keeps almost everything is a sum of small positive terms, not ``1 − Σ w·prob``.
-    """
-    rest = (-torch.expm1(log_weight) * sorted_log_probs.exp()).sum(-1, keepdim=True)
-    return torch.where(rest > 0, rest.clamp_min(torch.finfo(rest.dtype).tiny).log(), float("-inf"))
-
-
-def _band_coordinate(band: str, teacher_sorted_probs: Tensor, student_rows: Tensor, teacher_rows: Tensor) -> Tensor:
-    """c_k for the sorted entries, [n, V]: exclusive cumulative mass, or the value-quantile level."""
-    if band == "mass":
-        return teacher_sorted_probs.cumsum(-1).sub_(teacher_sorted_probs)
-    padded = torch.isneginf(student_rows) & torch.isneginf(teacher_rows)  # sorted last: their probability is 0
-    real = (padded.size(-1) - padded.sum(-1, keepdim=True)).to(teacher_sorted_probs.dtype)  # V' [n, 1]
-    rank = torch.arange(teacher_sorted_probs.size(-1), device=real.device, dtype=real.dtype)  # k − 1
-    return (real - 1 - rank) / (real - 1).clamp_min(1)
