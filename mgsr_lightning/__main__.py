@@ -1,8 +1,6 @@
-"""``python -m mgsr_lightning <command>``.
-
-LightningCLI subcommands: ``fit``, ``validate``, ``test``, ``predict`` (``--config configs/...yaml``).
-Pipeline commands: ``prepare``, ``prepare-tiny``, ``prepare-smollm2``, ``train-tokenizer``, ``demo``, ``evaluate``,
-``table``, ``export``, ``reproduce``, ``cache-teacher``.
+"""``python -m mgsr_lightning <command>``: the LightningCLI subcommands (``fit``, ``validate``, ``test``,
+``predict``, with ``--config configs/...yaml``) and the pipeline commands, all listed in :data:`COMMANDS`,
+from which the usage text is made.
 
 A mistake in what was given (a path, a row, a value, a name, a checkpoint) or a full or read-only
 disk ends every command with one ``error: ...`` line and exit status 2; ``--debug`` (anywhere on
@@ -11,65 +9,83 @@ the command line) or ``MGSR_DEBUG=1`` shows the traceback instead.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import logging
 import sys
 from argparse import ArgumentError
+from typing import NamedTuple
 
 from jsonargparse import CLI
 
 from mgsr_lightning.errors import DEBUG_FLAG, ConfigError, condense_parser_error, debug_requested, exit_with, report
 
-USAGE = """usage: python -m mgsr_lightning <command> [options] [--debug]
+
+class Command(NamedTuple):
+    summary: str  # its line in the usage text
+    function: str | None = None  # "module:function" of a pipeline command; None: a LightningCLI subcommand
+    arguments: str | None = None  # "module:function" rewriting a pipeline command's arguments before parsing
+
+
+COMMANDS = {
+    "fit": Command("train a student:        fit --config configs/tiny/mgsr.yaml"),
+    "validate": Command("run the validation loop on a checkpoint or config"),
+    "test": Command("run the test loop (loss and ROUGE-L on the test split)"),
+    "predict": Command("run the predict loop"),
+    "prepare": Command("your own JSONL data: check and copy it, train a tokenizer and the teacher (cached)",
+                       "mgsr_lightning.pipeline.own_data:prepare"),
+    "prepare-tiny": Command("generate the embedded dataset, train its tokenizer and the tiny teacher (cached)",
+                            "mgsr_lightning.pipeline.tiny:prepare_tiny"),
+    "prepare-smollm2": Command("convert SmolLM2-135M-Instruct's GGUF to a model folder and write the task's data "
+                               "(cached)", "mgsr_lightning.pipeline.smollm2:prepare_smollm2"),
+    "train-tokenizer": Command("train a byte-level BPE tokenizer on a JSONL file",
+                               "mgsr_lightning.pipeline.own_tokenizer:train_tokenizer"),
+    "demo": Command("prepare-tiny, then train an SFT and an MGSR student and print a ROUGE-L table",
+                    "mgsr_lightning.pipeline.reproduce:demo"),
+    "evaluate": Command("ROUGE-L over sampling seeds for saved models on evaluation sets",
+                        "mgsr_lightning.pipeline.commands:evaluate"),
+    "table": Command("merge `evaluate` outputs into one Table-1-style table and chart",
+                     "mgsr_lightning.pipeline.table:table"),
+    "export": Command("turn a training checkpoint into a Hugging Face model folder",
+                      "mgsr_lightning.pipeline.commands:export"),
+    "reproduce": Command("the paper's pipeline: distil each method, evaluate, write Table 1 and a chart",
+                         "mgsr_lightning.pipeline.reproduce:reproduce"),
+    "cache-teacher": Command("run a fit config's teacher once over its training split, store its top-k per token",
+                             "mgsr_lightning.pipeline.cache_teacher:cache_teacher",
+                             "mgsr_lightning.pipeline.cache_teacher:command_arguments"),
+}
+
+
+def _usage_lines(lightning: bool) -> str:
+    return "\n".join(f"  {name:<13} {command.summary}" if len(name) <= 13 else f"  {name}  {command.summary}"
+                     for name, command in COMMANDS.items() if (command.function is None) == lightning)
+
+
+USAGE = f"""usage: python -m mgsr_lightning <command> [options] [--debug]
 
 Training and evaluation through LightningCLI (every option documented in `<command> --help`):
-  fit           train a student:        fit --config configs/tiny/mgsr.yaml
-  validate      run the validation loop on a checkpoint or config
-  test          run the test loop (loss and ROUGE-L on the test split)
-  predict       run the predict loop
+{_usage_lines(lightning=True)}
 
 Pipelines:
-  prepare       your own JSONL data: check and copy it, train a tokenizer and the teacher (cached)
-  prepare-tiny  generate the embedded dataset, train its tokenizer and the tiny teacher (cached)
-  prepare-smollm2  convert SmolLM2-135M-Instruct's GGUF to a model folder and write the task's data (cached)
-  train-tokenizer  train a byte-level BPE tokenizer on a JSONL file
-  demo          prepare-tiny, then train an SFT and an MGSR student and print a ROUGE-L table
-  evaluate      ROUGE-L over sampling seeds for saved models on evaluation sets
-  table         merge `evaluate` outputs into one Table-1-style table and chart
-  export        turn a training checkpoint into a Hugging Face model folder
-  reproduce     the paper's pipeline: distil each method, evaluate, write Table 1 and a chart
-  cache-teacher run a fit config's teacher once over its training split, store its top-k per token
+{_usage_lines(lightning=False)}
 
 Run `python -m mgsr_lightning <command> --help` for the options of a command. Errors in what was
 given are reported in one line; --debug (or MGSR_DEBUG=1) shows the traceback.
 """
-LIGHTNING_COMMANDS = ("fit", "validate", "test", "predict")
-PIPELINE_COMMANDS = ("prepare", "prepare-tiny", "prepare-smollm2", "train-tokenizer", "demo", "evaluate", "table",
-                     "export", "reproduce", "cache-teacher")
 
 
-def _pipeline_commands():
-    from mgsr_lightning.pipeline.cache_teacher import cache_teacher
-    from mgsr_lightning.pipeline.commands import demo, evaluate, export, reproduce
-    from mgsr_lightning.pipeline.own_data import prepare, train_tokenizer
-    from mgsr_lightning.pipeline.smollm2 import prepare_smollm2
-    from mgsr_lightning.pipeline.table import table
-    from mgsr_lightning.pipeline.tiny import prepare_tiny
-
-    return {"prepare": prepare, "prepare-tiny": prepare_tiny, "prepare-smollm2": prepare_smollm2,
-            "train-tokenizer": train_tokenizer, "demo": demo, "evaluate": evaluate, "table": table, "export": export,
-            "reproduce": reproduce, "cache-teacher": cache_teacher}
+def _load(target: str):
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
-def _run_pipeline(command: str, args: list[str]) -> None:
-    function = _pipeline_commands()[command]
-    if command == "cache-teacher":
-        from mgsr_lightning.pipeline.cache_teacher import command_arguments
-
-        args = command_arguments(args)
+def _run_pipeline(command: Command, name: str, args: list[str]) -> None:
+    function = _load(command.function)
+    if command.arguments is not None:
+        args = _load(command.arguments)(args)
     try:
         CLI(function, args=args, as_positional=False, exit_on_error=False, allow_abbrev=False,
-            prog=f"python -m mgsr_lightning {command}")
+            prog=f"python -m mgsr_lightning {name}")
     except ArgumentError as error:
         options = sorted(inspect.signature(function).parameters)
         raise ConfigError(condense_parser_error(str(error), lambda prefix: [] if prefix else options)) from None
@@ -87,12 +103,13 @@ def main(argv: list[str] | None = None) -> None:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return
-    command = argv[0]
-    if command not in LIGHTNING_COMMANDS + PIPELINE_COMMANDS:
-        exit_with(f"unknown command {command!r}; commands: {', '.join(LIGHTNING_COMMANDS + PIPELINE_COMMANDS)}")
+    name = argv[0]
+    if name not in COMMANDS:
+        exit_with(f"unknown command {name!r}; commands: {', '.join(COMMANDS)}")
+    command = COMMANDS[name]
     try:
-        if command in PIPELINE_COMMANDS:
-            _run_pipeline(command, argv[1:])
+        if command.function is not None:
+            _run_pipeline(command, name, argv[1:])
             return
         from mgsr_lightning.cli import run_cli
 

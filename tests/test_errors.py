@@ -376,7 +376,7 @@ def test_prepare_finds_that_no_row_fits_before_writing_anything(tmp_path, capsys
 
 
 def test_prepare_warns_of_test_rows_that_are_training_rows_and_of_duplicated_rows(tmp_path, capsys, monkeypatch):
-    from mgsr_lightning.pipeline import own_data
+    from mgsr_lightning.pipeline import own_data, own_data_checks
 
     def stub(*args):  # the teacher's and the initial student's SFT, not what this test is about
         return {"steps": 1, "parameters": 1000, "best_val_rougeL": None, "seconds": 0.0}
@@ -385,8 +385,8 @@ def test_prepare_warns_of_test_rows_that_are_training_rows_and_of_duplicated_row
     monkeypatch.setattr(own_data, "_train_init_student", stub)
     rows = [{"instruction": f"What is {a} plus {a}?", "input": "", "output": f"{2 * a}"} for a in range(10)]
     clean = write_rows(tmp_path / "clean", {"train": rows[:6], "validation": rows[6:8], "test": rows[8:]})
-    assert own_data._overlap_warnings({s: clean / f"{s}.jsonl" for s in ("train", "validation", "test")},
-                                      {"train": rows[:6], "validation": rows[6:8], "test": rows[8:]}) == []
+    assert own_data_checks.overlap_warnings({s: clean / f"{s}.jsonl" for s in ("train", "validation", "test")},
+                                             {"train": rows[:6], "validation": rows[6:8], "test": rows[8:]}) == []
     leaky = write_rows(tmp_path / "leaky", {"train": rows[:6] + rows[:2], "validation": rows[6:8], "test": rows[:4]})
     own_data.prepare(data=str(leaky), out=str(tmp_path / "root"), vocab_size=300)
     printed = capsys.readouterr().out

