@@ -10,7 +10,7 @@ from typing import Any
 from transformers import GenerationConfig, PreTrainedModel
 
 from mgsr_lightning.atomic import atomic_folder
-from mgsr_lightning.models import merged_lora
+from mgsr_lightning.lora import merged_lora
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 Imports nothing of the package, so that every layer (the data readers, the checks, the pipeline) can
 name the real cause of a missing file the same way. The environment variables naming the embedded
 pairs' artifact folders live here too: the message for a file where a folder should be names the
-variable that points at it.
+variable that points at it. So does :func:`looks_like_path`, which tells a local path from a hub id.
 """
 
 from __future__ import annotations
@@ -39,3 +39,8 @@ def describe_missing(path: str | Path) -> str:
             return f"{path} is a symbolic link to {os.readlink(path)}, which does not exist"
         return f"not found: {path}"
     return f"{path} is a folder, not a file" if path.is_dir() else f"{path} is a file, not a folder"
+
+
+def looks_like_path(name: str) -> bool:
+    """A local path rather than a hub id (``org/name``): absolute, relative-marked, or with 2+ separators."""
+    return name.startswith(("/", "./", "../", "~")) or name.count("/") >= 2 or os.sep != "/" and os.sep in name

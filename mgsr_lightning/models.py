@@ -3,7 +3,7 @@
 A model is given as a :class:`ModelSource`: a Hugging Face hub id or local folder (loaded with
 ``from_pretrained``), optionally a GGUF file inside it, or a config dict that builds a randomly
 initialised model (tiny students, tests). A loaded model can be cut to a subset of its decoder layers
-(a student initialised from its teacher) and wrapped with LoRA adapters (:class:`LoraSettings`).
+(a student initialised from its teacher) and wrapped with LoRA adapters (:mod:`mgsr_lightning.lora`).
 """
 
 from __future__ import annotations
@@ -16,34 +16,11 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from mgsr_lightning.errors import ConfigError, LoadError, UserError
+from mgsr_lightning.lora import LoraSettings, add_lora
 
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass
-class LoraSettings:
-    """LoRA adapters on a student (through ``peft``; merged into the weights on export).
-
-    Args:
-        r: Rank of each adapter.
-        alpha: Scaling numerator (the update is ``alpha / r · B A``).
-        dropout: Dropout on the adapters' input.
-        targets: Names of the linear modules adapted (e.g. ``[q_proj, v_proj]``); default: every
-            linear layer but the output head (peft's ``all-linear``).
-    """
-
-    r: int = 8
-    alpha: float = 16.0
-    dropout: float = 0.0
-    targets: list[str] | None = None
-
-    def __post_init__(self) -> None:
-        if self.r < 1:
-            raise ConfigError(f"lora.r must be at least 1, got {self.r}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"lora.dropout must be in [0, 1), got {self.dropout}")
 
 
 @dataclass
@@ -202,34 +179,6 @@ def keep_decoder_layers(model: PreTrainedModel, keep: int | list[int]) -> PreTra
         model.config.layer_types = [model.config.layer_types[i] for i in indices]
     log.info("kept decoder layers %s of %d", indices, len(layers))
     return model
-
-
-def add_lora(model: PreTrainedModel, settings: LoraSettings) -> PreTrainedModel:
-    """Wrap ``model`` with trainable LoRA adapters (everything else frozen)."""
-    try:
-        from peft import LoraConfig, get_peft_model
-    except ImportError as error:
-        raise LoadError("student.lora needs the `peft` package: pip install '.[lora]'") from error
-    config = LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
-                        target_modules=settings.targets or "all-linear", task_type="CAUSAL_LM")
-    try:
-        return get_peft_model(model, config)
-    except ValueError as error:
-        raise ConfigError(f"student.lora: {error}") from error
-
-
-def merged_lora(model: PreTrainedModel, state_dict: dict | None = None) -> PreTrainedModel:
-    """A plain copy of a LoRA-wrapped model with the adapters merged into the weights (the model itself
-    is left as it is); a model without adapters is returned unchanged. ``state_dict`` (the wrapped
-    model's keys) is loaded into the copy first."""
-    if not hasattr(model, "merge_and_unload"):
-        return model
-    import copy
-
-    wrapped = copy.deepcopy(model)
-    if state_dict is not None:
-        wrapped.load_state_dict(state_dict)
-    return wrapped.merge_and_unload()
 
 
 def output_vocab_size(model: PreTrainedModel) -> int:

@@ -8,6 +8,7 @@ individual checks on their arguments.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 from collections.abc import Mapping
@@ -15,13 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from mgsr_lightning.errors import CheckpointError, ConfigError, MissingFileError, UserError
-from mgsr_lightning.missing import describe_missing
+from mgsr_lightning.missing import describe_missing, looks_like_path
+from mgsr_lightning.model_checks import check_positions, check_vocabulary
 
 # checkpoint names Lightning resolves itself instead of a path
 CKPT_KEYWORDS = {"last", "best", "hpc", "registry"}
 # divergence and DAC-KL parameters that are probabilities or mixing weights
 UNIT_INTERVAL_PARAMS = ("alpha", "beta", "lam", "rho_min")
-POSITION_ATTRIBUTES = ("n_positions", "max_position_embeddings", "n_ctx", "max_sequence_length")
 
 
 def _get(namespace: Any, dotted: str, default: Any = None) -> Any:
@@ -46,11 +47,6 @@ def at_least(name: str, value: Any, minimum: int) -> None:
 def in_unit_interval(name: str, value: Any) -> None:
     if value is not None and not 0.0 <= value <= 1.0:
         raise ConfigError(f"{name} must be in [0, 1], got {value}")
-
-
-def looks_like_path(name: str) -> bool:
-    """A local path rather than a hub id (``org/name``): absolute, relative-marked, or with 2+ separators."""
-    return name.startswith(("/", "./", "../", "~")) or name.count("/") >= 2 or os.sep != "/" and os.sep in name
 
 
 def existing_input(name: str, value: str | None, what: str) -> None:
@@ -129,79 +125,24 @@ def check_checkpoint(path: str | Path, name: str = "ckpt_path") -> dict[str, Any
     return checkpoint
 
 
-def model_positions(name_or_path: str | None, config: Mapping[str, Any] | None = None) -> int | None:
-    """Most positions (prompt + response tokens) the model takes, read from its config only (no weights).
-
-    None when unknown: a hub id that cannot be reached, or an architecture without a position limit.
-    """
-    from transformers import AutoConfig
-
-    overrides = dict(config or {})
-    try:
-        if name_or_path is not None:
-            model_config = AutoConfig.from_pretrained(name_or_path)
-        elif "model_type" in overrides:
-            model_config = AutoConfig.for_model(overrides["model_type"])
-        else:
-            return None
-    except (OSError, ValueError, KeyError):
-        return None
-    for attribute in POSITION_ATTRIBUTES:
-        value = overrides.get(attribute, getattr(model_config, attribute, None))
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
-
-
-def check_positions(role: str, source: Any, needed: int, why: str) -> None:
-    """``needed`` tokens fit in the position table of the model ``source`` describes."""
-    name_or_path, config = _get(source, "name_or_path"), _get(source, "config")
-    if (name_or_path is not None and not Path(name_or_path).expanduser().exists()
-            and (looks_like_path(name_or_path) or os.path.lexists(Path(name_or_path).expanduser()))):
-        raise MissingFileError(f"{role}: model folder {describe_missing(name_or_path)}")
-    positions = model_positions(name_or_path, config)
-    if positions is not None and needed > positions:
-        raise ConfigError(
-            f"the {role} has {positions} positions but {why} = {needed} tokens; lower them to at most {positions}"
-        )
-
-
-def check_vocabulary(tokenizer: str | None, sources: dict[str, Any]) -> None:
-    """The vocabulary check of :func:`mgsr_lightning.models.check_vocabularies`, for models in local
-    folders, from their ``config.json`` and saved tokenizers instead of their weights."""
-    from transformers import AutoConfig
-
-    from mgsr_lightning.models import check_vocabularies
-    from mgsr_lightning.tokenizer import load_tokenizer, tokenizer_of
-
-    folders = {role: _get(source, "name_or_path") for role, source in sources.items() if source is not None}
-    folders = {role: folder for role, folder in folders.items()
-               if folder and Path(folder).is_dir() and not _get(sources[role], "gguf_file")}
-    if not folders or tokenizer is None or not Path(tokenizer).expanduser().exists():
+def check_config_dataclass(name: str, config_class: type, values: Any) -> None:
+    """Build ``config_class`` from ``values`` (a parsed namespace or a mapping) so that its ``__post_init__``,
+    the one home of its value ranges, checks them; its ``ValueError`` is reported under the option ``name``."""
+    if values is None or dataclasses.is_dataclass(values):
         return
-    data_tokenizer = load_tokenizer(tokenizer)
-    rows = {}
-    for role, folder in folders.items():
-        try:
-            config = AutoConfig.from_pretrained(folder)
-        except (OSError, ValueError):
-            continue
-        vocab_size = (_get(sources[role], "config") or {}).get("vocab_size", getattr(config, "vocab_size", None))
-        if isinstance(vocab_size, int):
-            rows[role] = vocab_size
-    own = {role: tokenizer_of(folder) for role, folder in folders.items()}
-    check_vocabularies(len(data_tokenizer), rows, {"data": data_tokenizer} | own)
+    fields = {field.name for field in dataclasses.fields(config_class)}
+    given = values if isinstance(values, Mapping) else vars(values)
+    try:
+        config_class(**{key: value for key, value in given.items() if key in fields})
+    except ValueError as error:
+        raise ConfigError(f"{name}.{error}") from None
 
 
 def check_sampling(prefix: str, sampling: Any) -> None:
-    if sampling is None:
-        return
-    if _get(sampling, "do_sample", True):
-        positive(f"{prefix}.temperature", _get(sampling, "temperature"))
-    at_least(f"{prefix}.top_k", _get(sampling, "top_k"), 0)
-    top_p = _get(sampling, "top_p")
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise ConfigError(f"{prefix}.top_p must be in (0, 1], got {top_p}")
+    from mgsr_lightning.sampling import SamplingConfig
+
+    check_config_dataclass(prefix, SamplingConfig, sampling)
+    # a run samples at least one token (the dataclass allows 0, which evaluation never asks for)
     at_least(f"{prefix}.max_new_tokens", _get(sampling, "max_new_tokens"), 1)
 
 
@@ -226,10 +167,13 @@ def check_model_args(init: Any, prefix: str = "model.init_args") -> None:
             if key in params:
                 in_unit_interval(f"{prefix}.distill.params.{key}", params[key])
     regime = _get(init, "regime")
-    for key in ("lmbda", "init_threshold", "threshold_step"):
+    for key in ("lmbda", "init_threshold", "threshold_step"):  # RegimeConfig's own message names neither key nor value
         in_unit_interval(f"{prefix}.regime.{key}", _get(regime, key))
-    at_least(f"{prefix}.regime.capacity", _get(regime, "capacity"), 1)
-    at_least(f"{prefix}.scrg.n_corrections", _get(init, "scrg.n_corrections"), 0)
+    from mgsr_lightning.regimes import RegimeConfig
+    from mgsr_lightning.scrg import ScrgConfig
+
+    check_config_dataclass(f"{prefix}.regime", RegimeConfig, regime)
+    check_config_dataclass(f"{prefix}.scrg", ScrgConfig, _get(init, "scrg"))
     check_sampling(f"{prefix}.sampling", _get(init, "sampling"))
     at_least(f"{prefix}.validation.rouge_examples", _get(init, "validation.rouge_examples"), 0)
     at_least(f"{prefix}.validation.max_new_tokens", _get(init, "validation.max_new_tokens"), 1)

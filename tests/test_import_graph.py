@@ -8,18 +8,18 @@ there is one, else to the package ``a.b``; a package's ``__init__`` is a node of
 The layers, lowest first; a module may import its own layer (without a circle) and the layers below:
 
 1. contract: ``batch`` (the tensors a training step passes around), ``errors``, ``missing``,
-   ``atomic``, ``distributed``, ``seeding``, ``run_lock``; helpers that import nothing of the package
-   beyond this layer.
+   ``atomic``, ``distributed``, ``seeding``, ``run_lock``, ``lightning_workarounds``; helpers that import
+   nothing of the package beyond this layer.
 2. losses: ``losses`` (pure functions of logits; torch and ``batch`` only).
-3. parts: ``tokenizer``, ``vocabulary``, ``models``, ``export``, ``data``, ``sampling``, ``kv_cache``,
+3. parts: ``tokenizer``, ``vocabulary``, ``lora``, ``models``, ``export``, ``data``, ``sampling``, ``kv_cache``,
    ``generation``: models and tokenizers, the data, decoding.
 4. method: ``spans``, ``text_spans``, ``error_search``, ``regeneration``, ``scrg``, ``rollout``,
    ``regimes`` (MGSR's parts), ``evaluation``, and the pieces around the LightningModule: ``callbacks``, ``resume``,
-   ``optim``, ``strategies``, ``guards``, ``validation``, ``warning_format``; MiniLLM's rollouts
+   ``optim``, ``strategies``, ``guards``, ``validation`` (and ``model_checks``), ``warning_format``; MiniLLM's rollouts
    (``minillm_rollout``), SeqKD's cache (``seqkd_cache``) and the module's mixins (``held_out``,
    ``checkpoint_state``).
 5. module: ``module`` (the one LightningModule) and the package's ``__init__``, which re-exports it.
-6. cli: ``cli`` (LightningCLI and its configs).
+6. cli: ``cli`` (LightningCLI) and ``config_files`` (its configs' composition).
 7. pipeline: ``pipeline`` (multi-step commands built on the CLI) and ``__main__``.
 
 A name covers the module and, for a package, everything under it. A new module needs a place here.
@@ -34,14 +34,16 @@ PACKAGE = "mgsr_lightning"
 ROOT = Path(__file__).resolve().parents[1] / PACKAGE
 
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (  # lowest first
-    ("contract", ("batch", "errors", "missing", "atomic", "distributed", "seeding", "run_lock")),
+    ("contract", ("batch", "errors", "missing", "atomic", "distributed", "seeding", "run_lock",
+                  "lightning_workarounds")),
     ("losses", ("losses",)),
-    ("parts", ("tokenizer", "vocabulary", "models", "export", "data", "sampling", "kv_cache", "generation")),
+    ("parts", ("tokenizer", "vocabulary", "lora", "models", "export", "data", "sampling", "kv_cache",
+               "generation")),
     ("method", ("spans", "text_spans", "error_search", "regeneration", "scrg", "rollout", "regimes", "evaluation",
-                "callbacks", "resume", "optim", "strategies", "guards", "validation", "warning_format", "teacher_cache",
-                "minillm_rollout", "seqkd_cache", "held_out", "checkpoint_state")),
+                "callbacks", "resume", "optim", "strategies", "guards", "validation", "model_checks", "warning_format",
+                "teacher_cache", "minillm_rollout", "seqkd_cache", "held_out", "checkpoint_state")),
     ("module", ("module", "__init__")),
-    ("cli", ("cli",)),
+    ("cli", ("cli", "config_files")),
     ("pipeline", ("pipeline", "__main__")),
 )
 

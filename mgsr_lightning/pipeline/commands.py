@@ -21,6 +21,7 @@ from mgsr_lightning.errors import ConfigError, MissingFileError
 from mgsr_lightning.evaluation.evaluate import EvalConfig, evaluate_model
 from mgsr_lightning.evaluation.readers import EVAL_SETS, load_dolly15k, load_eval_set
 from mgsr_lightning.generation import SamplingConfig
+from mgsr_lightning.model_checks import check_positions
 from mgsr_lightning.pipeline.checks import (
     check_fit_fingerprint,
     check_model_folder,
@@ -196,7 +197,7 @@ def evaluate(
         check_model_folder(name)
         settings, sources = eval_settings.resolve(name, preset, given)
         try:
-            validation.check_positions("model", {"name_or_path": name},
+            check_positions("model", {"name_or_path": name},
                                        settings["max_prompt_length"] + settings["max_new_tokens"],
                                        "max_prompt_length + max_new_tokens")
         except ConfigError as error:
