@@ -42,11 +42,12 @@ as the student, and shrinking the band lowers it. So
 and ClipNet's parametrisation keeps ``l ∈ (0, l_max)``, ``u ∈ (max(l, u_min), 1)`` with non-zero
 gradients everywhere.
 
-Cost: one sort of each [chunk, V] block plus about ten elementwise passes more than the base. The
-"rest" variant over forward KL with a constant teacher (training) runs ``RestKL``
-(:mod:`mgsr_lightning.losses.dac_kl_backward`), whose backward is written out: 2.5-2.7 times forward
-KL at V = 50,257 on CPU, against 4.6-4.7 times taped (``written_backward=False``, the reference the
-tests compare it with). Other bases run taped. Real vocabularies want ``chunk_size``.
+Cost: one sort of each row plus about ten elementwise passes more than the base. The "rest"
+variant over forward KL with a constant teacher (training) sorts and runs ``RestKL``
+(:mod:`mgsr_lightning.losses.dac_kl_backward`) in blocks of rows, its backward written out: 2.1
+times forward KL at V = 50,257 on CPU (docs/dac_kl.md, "Cost"); ``written_backward=False`` runs the
+taped formulas, the reference the tests compare it with. Other bases run taped (about 6 times).
+Real vocabularies want ``chunk_size``.
 """
 
 from __future__ import annotations
