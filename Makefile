@@ -71,9 +71,9 @@ $(BENCH_VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	touch $@
 
 bench: install $(BENCH_VENV)/.installed
-	@$(OFFLINE) $(PY) experiments/bench_vs_trl.py --trl_python $(BENCH_VENV)/bin/python $(BENCH_ARGS)
-	@echo; $(OFFLINE) $(PY) experiments/bench_decode.py
-	@echo; $(OFFLINE) $(PY) experiments/bench_dac_kl_cost.py
+	@$(OFFLINE) $(PY) experiments/benchmarks/bench_vs_trl.py --trl_python $(BENCH_VENV)/bin/python $(BENCH_ARGS)
+	@echo; $(OFFLINE) $(PY) experiments/benchmarks/bench_decode.py
+	@echo; $(OFFLINE) $(PY) experiments/benchmarks/bench_dac_kl_cost.py
 
 clean:
 	rm -rf runs artifacts/tiny/students artifacts/reason/students artifacts/facts/students

@@ -18,7 +18,7 @@ Criteria (``ScrgConfig.criterion``):
 
 On the tiny pair, ``first_unlikely`` (p < 0.02) lowers the teacher's NLL of the revised rollouts about
 twice as much as ``max_difference`` with one correction and 2.5-3× as much with 3 or 5
-(``experiments/scrg_criteria.py``; ``experiments/results/scrg/criteria.txt``). ``revise`` reports
+(``experiments/probes/scrg_criteria.py``; ``experiments/results/scrg/criteria.txt``). ``revise`` reports
 that NLL before and after revision.
 
 ``find_error_positions`` (:mod:`mgsr_lightning.error_search`) is the pure scoring step on

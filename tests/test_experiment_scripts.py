@@ -1,4 +1,4 @@
-"""Scripts under experiments/ that summarise runs: acceptance.py (per-method mean ± SE over training seeds
+"""Scripts under experiments/analyses/ that summarise runs: acceptance.py (per-method mean ± SE over training seeds
 and the differences between methods, unpaired and paired by seed, from the metrics files ``reproduce``
 writes) and exposure_bias.py's merge of several runs' curves."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
-SCRIPT = EXPERIMENTS / "acceptance.py"
+ANALYSES = Path(__file__).resolve().parents[1] / "experiments" / "analyses"
+SCRIPT = ANALYSES / "acceptance.py"
 
 
 def write_runs(root: Path, scores: dict[str, list[float]]) -> None:
@@ -58,7 +58,7 @@ def test_malformed_compare_is_refused(tmp_path, capsys):
 
 
 def test_exposure_bias_merge_is_the_pointwise_mean_and_standard_error(tmp_path):
-    merge_runs = runpy.run_path(str(EXPERIMENTS / "exposure_bias.py"))["merge_runs"]
+    merge_runs = runpy.run_path(str(ANALYSES / "exposure_bias.py"))["merge_runs"]
     runs = {
         "seed0": {"sft": [1.0, 2.0, 4.0], "kd": [0.0, 1.0, 1.0]},
         "seed1": {"sft": [3.0, 2.0, 8.0], "kd": [2.0, 1.0, 3.0]},
@@ -96,7 +96,7 @@ def test_exposure_bias_merge_is_the_pointwise_mean_and_standard_error(tmp_path):
      "The Brodok has six legs. The Kodul has four legs. So the Brodok has more legs.", True),
 ])
 def test_final_answers_compare_the_last_step_whatever_the_phrasing(family, reference, prediction, right):
-    final_answer = runpy.run_path(str(EXPERIMENTS / "final_answers.py"))["final_answer"]
+    final_answer = runpy.run_path(str(ANALYSES / "final_answers.py"))["final_answer"]
     assert (final_answer(prediction, family) == final_answer(reference, family)) is right
     assert final_answer(reference, "describe_record") is None
 
@@ -104,7 +104,7 @@ def test_final_answers_compare_the_last_step_whatever_the_phrasing(family, refer
 def test_a_facts_description_is_right_when_every_fact_is_true_and_as_many_as_asked():
     from mgsr_lightning.data.knowledge_tasks import VALUES, world
 
-    facts_true = runpy.run_path(str(EXPERIMENTS / "final_answers.py"))["facts_true"]
+    facts_true = runpy.run_path(str(ANALYSES / "final_answers.py"))["facts_true"]
     creature = next(iter(world().values()))
     home, food = creature.attributes["home"], creature.attributes["food"]
     legs, wrong_food = creature.attributes["legs"], next(f for f in VALUES["food"] if f != food)
@@ -124,7 +124,7 @@ def test_final_answers_of_a_generations_file(tmp_path, capsys):
     generations = tmp_path / "generations.jsonl"
     predictions = ["1 plus 2 is 3. Final value: 3.", "Rosa is aged 53.", "Reversed: dog. Result: dog."]
     generations.write_text("".join(json.dumps({"index": i, "prediction": p}) + "\n" for i, p in enumerate(predictions)))
-    main = runpy.run_path(str(EXPERIMENTS / "final_answers.py"))["main"]
+    main = runpy.run_path(str(ANALYSES / "final_answers.py"))["main"]
 
     main(["--generations", str(generations), "--data", str(data)])
 
@@ -154,7 +154,7 @@ def test_sweep_table_reads_best_validation_and_keeps_the_default_on_a_tie(tmp_pa
     write_curve(runs / "n" / "seed0", [30.0])
     write_curve(runs / "n_a" / "seed0", [30.0, 31.2])
     monkeypatch.chdir(tmp_path)
-    sweep = runpy.run_path(str(EXPERIMENTS / "sweep.py"))
+    sweep = runpy.run_path(str(ANALYSES / "sweep.py"))
     text = sweep["table"](sweep["load_grid"](grid), 0)
     assert "| m | m_a | 41.05 | 199 | 39.0, 41.0 |" in text
     assert "- m: **m**" in text and "- n: **n_a**" in text

@@ -1,9 +1,9 @@
 """Wall-clock cost of DAC-KL against forward_kl on V = 50,257: forward + backward (and forward alone
 with ``--forward``), ending with one summary line against the target ``<= 2x`` forward KL.
 
-    python experiments/bench_dac_kl_cost.py                       # 256 positions, bf16 logits, CPU (~1 min)
-    python experiments/bench_dac_kl_cost.py --all --forward       # + the taped reference and the sort alone
-    python experiments/bench_dac_kl_cost.py --tokens 8192 --device cuda
+    python experiments/benchmarks/bench_dac_kl_cost.py                       # 256 positions, bf16 logits, CPU (~1 min)
+    python experiments/benchmarks/bench_dac_kl_cost.py --all --forward       # + the taped reference and the sort alone
+    python experiments/benchmarks/bench_dac_kl_cost.py --tokens 8192 --device cuda
 
 Rows: "dac_kl fixed" (the fixed band (0, 0.98)), "dac_kl learned" (ClipNet's band, MGSR's token loss
 over forward KL, the paper's), "dac_kl alpha_beta" (the band over the α-β divergence, MGSR's default

@@ -8,7 +8,7 @@ about ``−((1 − α)/α)·q_j``, where forward KL's is ``q_j − p_j ≈ −1`
 the teacher (random weights, or layers cut from a bigger model) therefore gets almost no signal on the
 tokens it gets most wrong: its training loss falls on the easy tokens while its cross-entropy on the
 ground truth stays where it started, and its samples are poor. DistiLLM avoids this by starting from
-a student fine-tuned on the task first (its ``init`` stage). ``experiments/skew_kl_gradient.py``
+a student fine-tuned on the task first (its ``init`` stage). ``experiments/probes/skew_kl_gradient.py``
 measures the two gradients; :func:`saturation_message` is the check the module runs on its first
 training step.
 

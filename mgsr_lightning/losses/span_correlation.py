@@ -20,7 +20,7 @@ logsumexp(log p_t + log p_{t+1}), computed in log space, so it never underflows.
 Why "normalized" is the default. The product's entries are products of two probabilities, so its
 squared distance and its gradient are tiny: on the tiny pair after 150 SFT steps the term was 0.004
 and its gradient 3.5% of the cross-entropy's, and on the tiny GPT-2 pair of
-``experiments/span_gradient_ratio.py`` ‖∇span‖/‖∇FKL‖ on the student's parameters is 1e-7 at random
+``experiments/probes/span_gradient_ratio.py`` ‖∇span‖/‖∇FKL‖ on the student's parameters is 1e-7 at random
 init and 2e-5 after SFT: at weight 1 the term does not change training. "normalized" is a KL in
 nats like the distillation term, zero with zero gradient iff the student's ρ equals the teacher's;
 its gradient ratio to forward KL's is 4.1 at init and 2.7 after SFT (1.8–3.6 on random logits,

@@ -11,14 +11,14 @@ facts as asked, all of them true of the creature (its reference states a random 
 compared). Per method: the mean over training seeds of each
 run's accuracy (over its sampling seeds) ± the standard error over seeds.
 
-    python experiments/final_answers.py runs/reproduce-reason --methods sft,kd,distillm,abkd,mgsr
+    python experiments/analyses/final_answers.py runs/reproduce-reason --methods sft,kd,distillm,abkd,mgsr
 
 Before any student is trained, the same check on a teacher's answers to the validation split tells
 whether it has content to pass on (``evaluate`` of one model writes ``<out>/generations.jsonl``):
 
     python -m mgsr_lightning evaluate --model artifacts/reason/teacher \
         --sets '[artifacts/reason/data/validation.jsonl]' --seeds '[10, 20]' --out runs/teacher_check
-    python experiments/final_answers.py --generations runs/teacher_check/generations.jsonl \
+    python experiments/analyses/final_answers.py --generations runs/teacher_check/generations.jsonl \
         --data artifacts/reason/data/validation.jsonl
 """
 

@@ -1,7 +1,7 @@
 """Peak extra memory of the losses, unchunked (``chunk_size=None``) against chunked, forward + backward.
 
-    python experiments/bench_loss_memory.py                      # B·T = 8,192, V = 50,257, bf16 logits
-    python experiments/bench_loss_memory.py --tokens 1024 --chunk-size 256 --losses forward_kl
+    python experiments/benchmarks/bench_loss_memory.py                      # B·T = 8,192, V = 50,257, bf16 logits
+    python experiments/benchmarks/bench_loss_memory.py --tokens 1024 --chunk-size 256 --losses forward_kl
 
 How it is measured. Each (loss, path) runs in a fresh subprocess, so nothing cached by an earlier
 run is counted. The subprocess builds the logits (student with ``requires_grad``), then resets the

@@ -6,7 +6,7 @@
 # peers' protocol: every method continues from the SFT student for CONTINUE more steps (SFT included,
 # so all have the same total), evaluated the same way.
 #
-#   make install-smollm2 && bash experiments/smollm2_short_run.sh [STEPS] [OUT] [CONTINUE]
+#   make install-smollm2 && bash experiments/analyses/smollm2_short_run.sh [STEPS] [OUT] [CONTINUE]
 #
 # Two training processes run at a time, one torch thread each (a 2-core machine).
 set -euo pipefail

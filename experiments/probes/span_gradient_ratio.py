@@ -1,7 +1,7 @@
 """How hard does the span term pull on the student? ‖∇ span‖ / ‖∇ forward KL‖ for each relation.
 
-    python experiments/span_gradient_ratio.py                 # tiny GPT-2 pair, random init and after SFT
-    python experiments/span_gradient_ratio.py --sft-steps 0   # random init only
+    python experiments/probes/span_gradient_ratio.py                 # tiny GPT-2 pair, random init and after SFT
+    python experiments/probes/span_gradient_ratio.py --sft-steps 0   # random init only
 
 A tiny GPT-2 pair (teacher 2 layers d = 64, student 1 layer d = 32, V = 400, the test suite's
 shapes) on sequences from a random peaked bigram chain (so that trained models have peaked

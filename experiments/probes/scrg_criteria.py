@@ -1,6 +1,6 @@
 """Which SCRG correction criterion lowers the teacher's NLL of the revised rollouts most, on the tiny pair.
 
-    python experiments/scrg_criteria.py --root artifacts/tiny --student artifacts/tiny/students/sft --seed 0
+    python experiments/probes/scrg_criteria.py --root artifacts/tiny --student artifacts/tiny/students/sft --seed 0
 
 For a student and a teacher sharing the tiny tokenizer, samples one rollout per validation prompt
 (the first 200, seeded per row, so every criterion revises the very same rollouts), revises it with each criterion

@@ -1,8 +1,8 @@
 """Seconds per step, its parts, and peak memory of SFT, KD, GKD, DistiLLM and MGSR on the SmolLM2 pair, on a CPU.
 
     python -m mgsr_lightning prepare-smollm2          # once
-    python experiments/bench_smollm2.py               # 4 x 128 tokens, 5 timed steps per method
-    python experiments/bench_smollm2.py --methods kd mgsr --steps 10
+    python experiments/benchmarks/bench_smollm2.py               # 4 x 128 tokens, 5 timed steps per method
+    python experiments/benchmarks/bench_smollm2.py --methods kd mgsr --steps 10
 
 Each method runs real Lightning training steps of ``configs/smollm2/<method>.yaml`` under
 ``configs/common/cpu.yaml`` (fp32, the teacher in fp32) in a fresh subprocess, at a batch of
@@ -22,7 +22,7 @@ The losses' memory at V = 49,152: the distillation and span terms run in chunks 
 positions (the configs' 1,024 is one chunk at this batch: B·R = 160 response positions), and MGSR
 runs a second time with ``chunk_size: null`` (the naive path: every [B, R, V] intermediate at once);
 both peaks are printed. For the loss alone, at more positions, see
-``experiments/bench_loss_memory.py --vocab 49152``.
+``experiments/benchmarks/bench_loss_memory.py --vocab 49152``.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 METHODS = ("sft", "kd", "gkd", "distillm", "mgsr")
 SAMPLING = {  # overrides that make a sampling method sample on every step
     "gkd": ["--model.init_args.regime.lmbda=1.0"],

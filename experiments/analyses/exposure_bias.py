@@ -1,6 +1,6 @@
 """Exposure bias of trained students against their teacher: MiniLLM's ExAccErr curve, per student.
 
-    python experiments/exposure_bias.py --teacher artifacts/reason/teacher \
+    python experiments/analyses/exposure_bias.py --teacher artifacts/reason/teacher \
         --students sft=runs/reproduce-reason/sft/seed0/hf,kd=runs/reproduce-reason/kd/seed0/hf \
         --data artifacts/reason/data/test.jsonl --template plain --max_new_tokens 48 --out experiments/results/reason
 
@@ -13,7 +13,7 @@ lengths, and writes ``exposure_bias.json`` and ``exposure_bias.png`` (the curves
 Students of several training seeds, one run of the script per seed, are merged afterwards into mean ±
 standard error over the seeds (table, JSON and the mean curves with their error bands):
 
-    python experiments/exposure_bias.py --merge runs/exb/seed0 runs/exb/seed1 runs/exb/seed2 --out <folder>
+    python experiments/analyses/exposure_bias.py --merge runs/exb/seed0 runs/exb/seed1 runs/exb/seed2 --out <folder>
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@
    live teacher, each in its own process: median seconds per step after the first two, and peak RSS.
 The SmolLM2 pair is measured too when ``artifacts/smollm2`` exists; otherwise the script says why not.
 
-    python experiments/bench_teacher_cache.py --out runs/bench_teacher_cache
+    python experiments/benchmarks/bench_teacher_cache.py --out runs/bench_teacher_cache
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ROOT = Path(os.environ.get("MGSR_TINY_DIR", REPO / "artifacts" / "tiny"))
 
 

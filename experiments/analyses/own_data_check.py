@@ -8,11 +8,11 @@ and which of the package's warnings each fit raised.
 
 The full check (the shipped steps: teacher 600, initial student 400, each method 400; five sampling seeds)::
 
-    python experiments/own_data_check.py --out runs/own_data_check
+    python experiments/analyses/own_data_check.py --out runs/own_data_check
 
 A quick run that only shows the script works::
 
-    python experiments/own_data_check.py --out /tmp/own_data_check --max_steps 4 --seeds '[10]' \\
+    python experiments/analyses/own_data_check.py --out /tmp/own_data_check --max_steps 4 --seeds '[10]' \\
         --train_size 400 --validation_size 40 --test_size 40
 """
 
@@ -25,7 +25,7 @@ import sys
 import warnings
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 METHODS = ["sft", "kd", "rkl", "jsd", "tvd", "gkd", "imitkd", "seqkd", "distillm", "abkd", "mgsr"]

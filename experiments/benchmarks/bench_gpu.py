@@ -1,8 +1,8 @@
 """Training throughput on one GPU: bf16-mixed, DDP and FSDP, KD (off-policy), DistiLLM and MGSR (generating every step).
 
-    python experiments/bench_gpu.py --out results/gpu           # needs a CUDA device
-    python experiments/bench_gpu.py --out results/gpu --compile  # also with the decode loop's step compiled
-    python experiments/bench_gpu.py --steps 4 --warmup 1 --small  # a quick CPU smoke run of the same path
+    python experiments/benchmarks/bench_gpu.py --out results/gpu           # needs a CUDA device
+    python experiments/benchmarks/bench_gpu.py --out results/gpu --compile  # also with the decode loop's step compiled
+    python experiments/benchmarks/bench_gpu.py --steps 4 --warmup 1 --small  # a quick CPU smoke run of the same path
 
 Runs real ``fit`` calls of the tiny configs (``configs/tiny/kd.yaml``, ``configs/tiny/mgsr.yaml``)
 with GPU-sized, config-built GPT-2 models (teacher 12 layers d=768, student 6 layers d=512 by
@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 GPT2_BLOCK = "transformers.models.gpt2.modeling_gpt2.GPT2Block"
 SAMPLING_METHODS = ("distillm", "mgsr")  # methods that sample a rollout at every step here
 STRATEGIES = {

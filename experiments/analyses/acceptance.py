@@ -6,7 +6,7 @@ error over training runs, then each comparison's difference in units of its stan
 ``(mean_a − mean_b) / sqrt(se_a² + se_b²)``. Acceptance: KD − SFT > 2 and DistiLLM − KD ≥ 0 or, if
 negative, within 2 (not significantly below).
 
-    python experiments/acceptance.py runs/reproduce-reason --methods sft,kd,distillm
+    python experiments/analyses/acceptance.py runs/reproduce-reason --methods sft,kd,distillm
 
 Other comparisons (e.g. an ablation's steps) with ``--compare mgsr_scrg-mgsr_base,mgsr-mgsr_scrg_dac``.
 Each comparison also prints the paired difference: every method of a training seed starts from that

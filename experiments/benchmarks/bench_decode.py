@@ -1,7 +1,7 @@
 """Our decode loop against transformers' ``generate``: tokens/s of the same sampling on the same models.
 
-    python experiments/bench_decode.py --work runs/bench_vs_trl_pretrain200     # after bench_vs_trl.py prepared it
-    python experiments/bench_decode.py --work ... --compile                      # also the compiled one-token step
+    python experiments/benchmarks/bench_decode.py --work runs/bench_vs_trl_pretrain200  # bench_vs_trl.py prepared it
+    python experiments/benchmarks/bench_decode.py --work ... --compile                   # + the compiled one-token step
 
 For each model of the pair ``bench_vs_trl.py`` trains (student: GPT-2 2 layers d=128; teacher: 4
 layers d=256; V = 4,096) and, when prepared, the SmolLM2 pair: the same left-padded prompts (batch
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from mgsr_lightning.batch import Rollout  # noqa: E402

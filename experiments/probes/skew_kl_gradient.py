@@ -9,7 +9,7 @@ rescales the overall size of a gradient, not the weighting inside it: within a b
 where the student is still far from the teacher weigh ~q/α, little next to those it already gets
 right, so a from-scratch student learns the hard tokens last.
 
-    python experiments/skew_kl_gradient.py
+    python experiments/probes/skew_kl_gradient.py
 """
 
 from __future__ import annotations

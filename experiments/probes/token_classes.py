@@ -2,7 +2,7 @@
 reference token, split into content tokens (a digit in the token) and the rest (words, punctuation,
 EOS), on the responses of a JSONL split.
 
-    python experiments/token_classes.py --data artifacts/reason/data/validation.jsonl \
+    python experiments/probes/token_classes.py --data artifacts/reason/data/validation.jsonl \
         --models artifacts/reason/teacher <sft student>/hf <kd student>/hf
 
 On the reason benchmark the content tokens are the numbers each step computes (one right value), and

@@ -5,7 +5,8 @@ Reads every ``metrics.csv`` (Lightning's CSVLogger) below the given folders, gro
 prints one markdown row per method with each diagnostic averaged over training steps and then over
 runs, and draws the diagnostics over training steps (mean over a method's runs) to a PNG.
 
-    python experiments/training_diagnostics.py runs/reproduce-tiny --out experiments/results/tiny/diagnostics.png
+    python experiments/analyses/training_diagnostics.py runs/reproduce-tiny \\
+        --out experiments/results/tiny/diagnostics.png
 """
 
 from __future__ import annotations

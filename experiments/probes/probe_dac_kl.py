@@ -1,7 +1,7 @@
 """Can a loss alone pull free student logits onto a fixed teacher? DAC-KL's variants against forward KL.
 
-    python experiments/probe_dac_kl.py                      # V = 4,096, 8 positions, 600 Adam steps
-    python experiments/probe_dac_kl.py --vocab 256 --steps 300
+    python experiments/probes/probe_dac_kl.py                      # V = 4,096, 8 positions, 600 Adam steps
+    python experiments/probes/probe_dac_kl.py --vocab 256 --steps 300
 
 The student is a free [N, V] logit tensor (no model), started at zero (uniform), and trained with
 Adam on one loss alone against a fixed teacher: Zipf-like probabilities ``p_k ∝ k^(−s)`` over a

@@ -3,16 +3,17 @@
 The grid is a YAML file written before any run (``experiments/results/facts/tuning/grid.yaml``): groups
 of named candidates, each a config of ``configs/<pair>/`` plus command-line overrides. Every candidate
 starts from its training seed's SFT-initialised student, as ``reproduce`` trains them, and lands in
-``runs/reproduce-<pair>/<candidate>/seed<k>``, so ``experiments/acceptance.py`` reads its test scores
+``runs/reproduce-<pair>/<candidate>/seed<k>``, so ``experiments/analyses/acceptance.py`` reads its test scores
 beside the shipped methods'.
 
     # seed 0 of every candidate of two groups, three trainings at a time (one torch thread each)
-    python experiments/sweep.py experiments/results/facts/tuning/grid.yaml train --groups distillm,abkd --jobs 3
+    python experiments/analyses/sweep.py experiments/results/facts/tuning/grid.yaml train --groups distillm,abkd \\
+        --jobs 3
     # the validation table: best validation ROUGE-L per candidate, the winner of each method group
-    python experiments/sweep.py experiments/results/facts/tuning/grid.yaml table
+    python experiments/analyses/sweep.py experiments/results/facts/tuning/grid.yaml table
     # the winners on more seeds, scored on the test split (5 sampling seeds)
-    python experiments/sweep.py experiments/results/facts/tuning/grid.yaml train --candidates mgsr,abkd_a01_b08 \\
-        --seeds 0,1,2 --test --jobs 3
+    python experiments/analyses/sweep.py experiments/results/facts/tuning/grid.yaml train \\
+        --candidates mgsr,abkd_a01_b08 --seeds 0,1,2 --test --jobs 3
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TIE = 0.1  # a candidate must beat its method's shipped default by more than this to win
 
 

@@ -1,9 +1,9 @@
 """Where a rollout and an SCRG revision spend their time: wall clock and torch.profiler's top operators.
 
-    python experiments/profile_rollout.py --work runs/bench_vs_trl_pretrain200            # timings only
-    python experiments/profile_rollout.py --work runs/bench_vs_trl_pretrain200 --profile  # + operator tables
+    python experiments/benchmarks/profile_rollout.py --work runs/bench_vs_trl_pretrain200            # timings only
+    python experiments/benchmarks/profile_rollout.py --work runs/bench_vs_trl_pretrain200 --profile  # + operator tables
 
-Uses the models, tokenizer and prompts ``experiments/bench_vs_trl.py`` prepared under ``--work``:
+Uses the models, tokenizer and prompts ``experiments/benchmarks/bench_vs_trl.py`` prepared under ``--work``:
 8 prompts, 64 new tokens sampled by the student, one SCRG correction (the library default; and once
 more with ``reuse_teacher_cache=False``), and one teacher forward over the rollout for scale. Medians
 of 5 calls after a warm-up, torch threads 1.

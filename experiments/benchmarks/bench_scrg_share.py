@@ -1,7 +1,7 @@
 """Time share of SCRG in an MGSR training step, and SCRG's correction statistics, on the tiny pair.
 
-    python experiments/bench_scrg_share.py                      # 30 steps, fresh student outputs every step
-    python experiments/bench_scrg_share.py --steps 60 --config configs/tiny/mgsr.yaml
+    python experiments/benchmarks/bench_scrg_share.py                      # 30 steps, fresh student outputs every step
+    python experiments/benchmarks/bench_scrg_share.py --steps 60 --config configs/tiny/mgsr.yaml
 
 Runs real Lightning training steps of ``configs/tiny/mgsr.yaml`` with the regime forced to
 ``on_policy`` (so every step samples a rollout and revises it; in the default adaptive regime only a

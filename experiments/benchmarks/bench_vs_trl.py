@@ -1,8 +1,8 @@
 """Training speed against TRL on the same tiny pair: steps/s, seconds per sample and peak RSS per method.
 
     make bench                                                    # creates .venv-bench with TRL, then runs this
-    python experiments/bench_vs_trl.py --trl_python .venv-bench/bin/python --out experiments/results/speed
-    python experiments/bench_vs_trl.py --rounds 1 --steps 4 --warmup 1 --only gkd,mgsr   # a quick look
+    python experiments/benchmarks/bench_vs_trl.py --trl_python .venv-bench/bin/python --out experiments/results/speed
+    python experiments/benchmarks/bench_vs_trl.py --rounds 1 --steps 4 --warmup 1 --only gkd,mgsr   # a quick look
 
 Both sides train the same models from the same folders: a GPT-2 teacher (4 layers, d=256) and a
 GPT-2 student (2 layers, d=128), both initialised once, trained ``--pretrain_steps`` steps on a
@@ -55,7 +55,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 VOCAB_WORDS = 4094  # plus EOS and pad: 4,096 ids
 # Every third word carries GPT-2's word-start marker, so MGSR's span prior finds multi-token words.
 WORDS = [("Ġ" if i % 3 == 0 else "") + f"w{i}" for i in range(VOCAB_WORDS)]
