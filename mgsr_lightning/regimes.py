@@ -71,8 +71,9 @@ class RegimeConfig:
     def __post_init__(self) -> None:
         if self.capacity < 1:
             raise ValueError(f"capacity must be at least 1, got {self.capacity}")
-        if not 0.0 <= self.lmbda <= 1.0 or not 0.0 <= self.init_threshold <= 1.0:
-            raise ValueError("lmbda and init_threshold are probabilities in [0, 1]")
+        for key in ("lmbda", "init_threshold", "threshold_step"):
+            if not 0.0 <= getattr(self, key) <= 1.0:
+                raise ValueError(f"{key} must be in [0, 1], got {getattr(self, key)}")
 
 
 SAMPLING_REGIMES = ("on_policy", "mixed", "adaptive_off_policy")

@@ -138,14 +138,6 @@ def check_config_dataclass(name: str, config_class: type, values: Any) -> None:
         raise ConfigError(f"{name}.{error}") from None
 
 
-def check_sampling(prefix: str, sampling: Any) -> None:
-    from mgsr_lightning.sampling import SamplingConfig
-
-    check_config_dataclass(prefix, SamplingConfig, sampling)
-    # a run samples at least one token (the dataclass allows 0, which evaluation never asks for)
-    at_least(f"{prefix}.max_new_tokens", _get(sampling, "max_new_tokens"), 1)
-
-
 def check_model_args(init: Any, prefix: str = "model.init_args") -> None:
     """Values of ``DistillLightningModule``'s arguments (and of their dataclasses)."""
     optimizer = _get(init, "optimizer")
@@ -166,15 +158,13 @@ def check_model_args(init: Any, prefix: str = "model.init_args") -> None:
         for key in UNIT_INTERVAL_PARAMS:
             if key in params:
                 in_unit_interval(f"{prefix}.distill.params.{key}", params[key])
-    regime = _get(init, "regime")
-    for key in ("lmbda", "init_threshold", "threshold_step"):  # RegimeConfig's own message names neither key nor value
-        in_unit_interval(f"{prefix}.regime.{key}", _get(regime, key))
     from mgsr_lightning.regimes import RegimeConfig
+    from mgsr_lightning.sampling import SamplingConfig
     from mgsr_lightning.scrg import ScrgConfig
 
-    check_config_dataclass(f"{prefix}.regime", RegimeConfig, regime)
+    check_config_dataclass(f"{prefix}.regime", RegimeConfig, _get(init, "regime"))
     check_config_dataclass(f"{prefix}.scrg", ScrgConfig, _get(init, "scrg"))
-    check_sampling(f"{prefix}.sampling", _get(init, "sampling"))
+    check_config_dataclass(f"{prefix}.sampling", SamplingConfig, _get(init, "sampling"))
     at_least(f"{prefix}.validation.rouge_examples", _get(init, "validation.rouge_examples"), 0)
     at_least(f"{prefix}.validation.max_new_tokens", _get(init, "validation.max_new_tokens"), 1)
     for role in ("student", "teacher"):

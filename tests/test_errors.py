@@ -61,6 +61,8 @@ FIT_CASES = {
     "sampling_temperature": (["--model.init_args.sampling.temperature=-1"], "sampling.temperature must be > 0"),
     "top_p": (["--model.init_args.sampling.top_p=1.5"], "sampling.top_p must be in (0, 1]"),
     "probability": (["--model.init_args.regime.lmbda=1.5"], "regime.lmbda must be in [0, 1], got 1.5"),
+    "response_budget": (["--model.init_args.sampling.max_new_tokens=0"],
+                        "model.init_args.sampling.max_new_tokens must be >= 1, got 0"),
     "adam_beta": (["--model.init_args.optimizer.betas=[0.9, 1.5]"], "optimizer.betas[1] must be in [0, 1]"),
     "divergence_beta": (['--model.init_args.distill.params={{"beta": 2}}'], "distill.params.beta must be in [0, 1]"),
     "batch_size": (["--data.batch_size=0"], "data.batch_size must be >= 1, got 0"),

@@ -270,7 +270,7 @@ def test_seeded_draws_follow_the_distribution_and_skip_impossible_tokens():
 
 
 def test_sampling_config_rejects_invalid_values():
-    for bad in (dict(temperature=0.0), dict(top_k=-1), dict(top_p=0.0), dict(top_p=1.5), dict(max_new_tokens=-1)):
+    for bad in (dict(temperature=0.0), dict(top_k=-1), dict(top_p=0.0), dict(top_p=1.5), dict(max_new_tokens=0)):
         with pytest.raises(ValueError):
             SamplingConfig(**bad)
 

@@ -165,3 +165,9 @@ def test_never_sampled_message_names_the_regime_setting_and_scrg():
     restored = build_regime(RegimeConfig(name="mixed", lmbda=0.0), pad_token_id=0)
     restored.load_state_dict(mixed.state_dict())
     assert restored.source_counts == mixed.source_counts
+
+
+@pytest.mark.parametrize("key", ["lmbda", "init_threshold", "threshold_step"])
+def test_regime_config_names_the_probability_out_of_range(key):
+    with pytest.raises(ValueError, match=rf"^{key} must be in \[0, 1\], got 1.5$"):
+        RegimeConfig(**{key: 1.5})
