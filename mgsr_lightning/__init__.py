@@ -6,8 +6,9 @@ Importing the package loads nothing else: the names below are imported on first 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from mgsr_lightning.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from mgsr_lightning.data.datamodule import InstructionDataModule
@@ -18,14 +19,4 @@ __version__ = "0.1.0"
 
 _HOMES = {"DistillLightningModule": "mgsr_lightning.module", "InstructionDataModule": "mgsr_lightning.data.datamodule"}
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _HOMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_HOMES[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(globals(), _HOMES)

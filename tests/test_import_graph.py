@@ -8,8 +8,8 @@ there is one, else to the package ``a.b``; a package's ``__init__`` is a node of
 The layers, lowest first; a module may import its own layer (without a circle) and the layers below:
 
 1. contract: ``batch`` (the tensors a training step passes around), ``errors``, ``missing``,
-   ``atomic``, ``distributed``, ``seeding``, ``run_lock``, ``lightning_workarounds``; helpers that import
-   nothing of the package beyond this layer.
+   ``atomic``, ``distributed``, ``seeding``, ``run_lock``, ``lightning_workarounds``, ``lazy`` (the packages'
+   names imported on first use); helpers that import nothing of the package beyond this layer.
 2. losses: ``losses`` (pure functions of logits; torch and ``batch`` only).
 3. parts: ``tokenizer``, ``vocabulary``, ``lora``, ``models``, ``export``, ``data``, ``sampling``, ``kv_cache``,
    ``generation``: models and tokenizers, the data, decoding.
@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1] / PACKAGE
 
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (  # lowest first
     ("contract", ("batch", "errors", "missing", "atomic", "distributed", "seeding", "run_lock",
-                  "lightning_workarounds")),
+                  "lightning_workarounds", "lazy")),
     ("losses", ("losses",)),
     ("parts", ("tokenizer", "vocabulary", "lora", "models", "export", "data", "sampling", "kv_cache",
                "generation")),
@@ -170,7 +170,8 @@ def test_no_import_from_a_lower_layer_to_a_higher_one():
 
 def test_package_inits_load_only_their_own_modules():
     """What a package's ``__init__`` imports when it runs (at its top level, not under ``if TYPE_CHECKING:``)
-    is loaded by every import of a module inside it: only the package's own modules may be."""
+    is loaded by every import of a module inside it: only the package's own modules may be, and ``lazy`` (the
+    standard-library helper that imports the package's names on first use)."""
     eager = {}
     for name, path in package_modules().items():
         if path.name != "__init__.py":
@@ -179,6 +180,7 @@ def test_package_inits_load_only_their_own_modules():
         imports = [node for node in body if isinstance(node, (ast.Import, ast.ImportFrom))]
         targets = [alias.name for node in imports if isinstance(node, ast.Import) for alias in node.names]
         targets += [node.module or "" for node in imports if isinstance(node, ast.ImportFrom) and not node.level]
-        eager[name] = [t for t in targets if t.startswith(PACKAGE) and not t.startswith(name + ".")]
+        eager[name] = [t for t in targets if t.startswith(PACKAGE) and not t.startswith(name + ".")
+                       and t != f"{PACKAGE}.lazy"]
     loaded = {name: targets for name, targets in eager.items() if targets}
     assert not loaded, f"package __init__s importing modules outside the package: {loaded}"

@@ -11,8 +11,9 @@ DDP-correct metrics for validation, and the Table-1 report.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from mgsr_lightning.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from mgsr_lightning.evaluation.evaluate import DEFAULT_SEEDS, EvalConfig, evaluate_model
@@ -67,14 +68,4 @@ _HOMES = {
     "example_seeds": "mgsr_lightning.seeding",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _HOMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_HOMES[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(globals(), _HOMES)
