@@ -9,11 +9,11 @@ Rows: "dac_kl fixed" (the fixed band (0, 0.98)), "dac_kl learned" (ClipNet's ban
 over forward KL, the paper's), "dac_kl alpha_beta" (the band over the α-β divergence, MGSR's default
 base, taped: only forward KL has a written-out backward); with ``--all`` also "dac_kl taped" (ClipNet's
 band through plain autograd, the reference of the written backward) and "sort alone" (the one sort with
-its log-softmax: the floor of any sort-based band). The losses are timed side by side, one repeat of
-each in turn, so that the machine's load moves all of them alike; the ratios to forward_kl (medians
-over ``--repeats``) are the figures to read. The summary line reads the ratio of "dac_kl learned" and
-of "dac_kl alpha_beta"; when one misses the target, the script prints torch.profiler's top operators of
-that loss (``--no-profile`` skips it).
+its log-softmax, on 16-bit keys for bf16 logits: the floor of any sort-based band). The losses are timed
+side by side, one repeat of each in turn, so that the machine's load moves all of them alike; the ratios
+to forward_kl (medians over ``--repeats``) are the figures to read. The summary line reads the ratio of
+"dac_kl learned" and of "dac_kl alpha_beta"; when one misses the target, the script prints
+torch.profiler's top operators of that loss (``--no-profile`` skips it).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import time
 import torch
 
 from mgsr_lightning.losses import ClipNet, dac_kl, forward_kl
+from mgsr_lightning.losses.dac_kl_band import sort_teacher
 
 TARGET = 2.0
 
@@ -44,14 +45,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _sort_rows(logits: torch.Tensor, chunk_size: int | None) -> torch.Tensor:
-    """DAC-KL's one sort, alone: the float32 log-probabilities of every row, sorted per chunk (the
-    returned zero keeps ``.backward()`` in the timing loop a no-op)."""
-    rows = logits.flatten(0, 1)
-    chunk = chunk_size or rows.size(0)
-    for start in range(0, rows.size(0), chunk):
-        torch.log_softmax(rows[start : start + chunk].float(), -1).sort(dim=-1, descending=True)
-    return logits.new_zeros((), dtype=torch.float32, requires_grad=True)
+def _sort_rows(student: torch.Tensor, teacher: torch.Tensor, chunk_size: int | None) -> torch.Tensor:
+    """DAC-KL's one sort, alone, as its written path runs it (``dac_kl_band.sort_teacher``): the teacher's
+    float32 log-probabilities of every row in descending order, per chunk, sorted on 16-bit keys for
+    bf16 logits (the returned zero keeps ``.backward()`` in the timing loop a no-op)."""
+    student_rows, teacher_rows = student.detach().flatten(0, 1), teacher.flatten(0, 1)
+    chunk = chunk_size or teacher_rows.size(0)
+    for start in range(0, teacher_rows.size(0), chunk):
+        rows = slice(start, start + chunk)
+        sort_teacher(student_rows[rows], teacher_rows[rows], 1.0, band="mass", summary_k=None)
+    return teacher.new_zeros((), dtype=torch.float32, requires_grad=True)
 
 
 def side_by_side(steps: dict, repeats: int, device: torch.device) -> dict[str, float]:
@@ -92,7 +95,7 @@ def main(argv=None) -> None:
     if args.all:
         losses["dac_kl taped"] = lambda: dac_kl(student, teacher, clip_net=clip_net, chunk_size=chunk_size,
                                                 written_backward=False)[0]
-        losses["sort alone"] = lambda: _sort_rows(teacher, chunk_size)
+        losses["sort alone"] = lambda: _sort_rows(student, teacher, chunk_size)
 
     def train_step(loss):
         def step():
