@@ -42,7 +42,7 @@ PARSER_MODE = "omegaconf_base"
 PROG = "python -m mgsr_lightning"
 # inputs stored in checkpoints as given; made absolute so a checkpoint works from any working directory
 INPUT_PATH_KEYS = ("data.tokenizer", "data.train_data", "data.val_data", "data.test_data", "data.teacher_cache",
-                   "model.init_args.tokenizer", "model.init_args.student.name_or_path",
+                   "model.init_args.teacher_cache", "model.init_args.tokenizer", "model.init_args.student.name_or_path",
                    "model.init_args.teacher.name_or_path")
 OUTPUT_PATH_KEYS = ("model.init_args.export_dir", "model.init_args.regime.cache_path")
 

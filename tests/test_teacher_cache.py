@@ -122,7 +122,9 @@ def test_kd_on_the_embedded_default_trains_from_a_cache_with_the_teacher_never_l
         return original(self, batch, batch_idx)
 
     monkeypatch.setattr(DistillLightningModule, "training_step", spy)
-    cli = run_cli(["fit", "--config", config, *overrides, f"--data.teacher_cache={tmp_path / 'cache'}"])
+    monkeypatch.chdir(tmp_path)  # a relative cache path, as a user types it: data's and the module's copies agree
+    cli = run_cli(["fit", "--config", config, *overrides, "--data.teacher_cache=cache"])
+    assert cli.model.hparams.teacher_cache == cli.datamodule.hparams.teacher_cache == str(tmp_path / "cache")
     assert cli.model.teacher is None and not any(name.startswith("teacher.") for name, _ in cli.model.named_modules())
     assert cli.trainer.global_step == 2 and len(seen) == 2 and seen[0][-1] == 8
     distill = float(cli.trainer.logged_metrics["train/distill"])
