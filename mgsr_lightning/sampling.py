@@ -54,13 +54,15 @@ class DecodingConfig:
     Args:
         static_cache: preallocate each rollout's KV cache once at its final length (prompt + response
             budget; transformers' ``StaticCache``) and write every step in place, so every one-token
-            step has the same shapes. False: a ``DynamicCache`` that grows by one column per step.
+            step has the same shapes. False (the default): a ``DynamicCache`` that grows by one column per
+            step. On a CPU the two decode at the same speed (tiny pair, 8 x 64 tokens); the static cache
+            pays off with ``compile``, on a GPU. It needs a transformers model (its ``config``).
         compile: run the one-token step under ``torch.compile`` (needs ``static_cache``); on CUDA in
             ``reduce-overhead`` mode, which captures it as a CUDA graph. The first rollouts of each
             shape pay the compilation.
     """
 
-    static_cache: bool = True
+    static_cache: bool = False
     compile: bool = False
 
     def __post_init__(self) -> None:

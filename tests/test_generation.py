@@ -425,7 +425,7 @@ def test_the_static_cache_continues_from_a_realigned_prefix():
 def test_decoding_config_rejects_compiling_a_growing_cache():
     with pytest.raises(ValueError, match="static_cache"):
         DecodingConfig(static_cache=False, compile=True)
-    assert DecodingConfig().static_cache and not DecodingConfig().compile
+    assert not DecodingConfig().static_cache and not DecodingConfig().compile
 
 
 @pytest.mark.slow

@@ -43,9 +43,9 @@ def runners(model, batch: Rollout, new_tokens: int, vocab_size: int, pad_id: int
     sampling = SamplingConfig(max_new_tokens=new_tokens)
     seeds = torch.arange(batch.batch_size)
     # an EOS id past the vocabulary cut: never sampled, so every row decodes new_tokens tokens
-    loops = {"ours, static cache": DecodingConfig(), "ours, dynamic cache": DecodingConfig(static_cache=False)}
+    loops = {"ours, static cache": DecodingConfig(static_cache=True), "ours, dynamic cache": DecodingConfig()}
     if compiled:
-        loops["ours, static cache, compiled"] = DecodingConfig(compile=True)
+        loops["ours, static cache, compiled"] = DecodingConfig(static_cache=True, compile=True)
     calls = {name: (lambda loop=loop: sample(model, batch.prompt_ids, batch.prompt_mask,
                                              Decoding(sampling, vocab_size, pad_id, vocab_size, loop=loop),
                                              seeds=seeds))

@@ -102,7 +102,8 @@ def run_one(args: argparse.Namespace) -> None:
     ]
     if args.method in SAMPLING_METHODS:
         overrides.append("--model.init_args.regime.name=on_policy")
-    overrides.append(f"--model.init_args.decoding.compile={str(args.decode == 'compiled').lower()}")
+    overrides += ["--model.init_args.decoding.static_cache=true",
+                  f"--model.init_args.decoding.compile={str(args.decode == 'compiled').lower()}"]
     cli = run_cli(overrides, run=False)
     timer = StepTimer()
     cli.trainer.callbacks.append(timer)
