@@ -2,16 +2,18 @@
 
     python experiments/benchmarks/bench_decode.py --work runs/bench_vs_trl_pretrain200  # bench_vs_trl.py prepared it
     python experiments/benchmarks/bench_decode.py --work ... --compile                   # + the compiled one-token step
+    python experiments/benchmarks/bench_decode.py --skip_tiny    # only SmolLM2 (no bench_vs_trl.py folder needed)
 
 For each model of the pair ``bench_vs_trl.py`` trains (student: GPT-2 2 layers d=128; teacher: 4
-layers d=256; V = 4,096) and, when prepared, the SmolLM2 pair: the same left-padded prompts (batch
-``--batch_size``), T = 1 with no top-k/top-p, exactly ``--new_tokens`` tokens per row (no EOS stop on
-either side, so both do the same work), seed 0. Rows: ours with the preallocated (static) cache and
-with a growing (dynamic) one, ``--compile`` ours compiled; ``generate`` with its default dynamic cache
-and with ``cache_implementation="static"``. Each is timed ``--repeats`` times after one warm-up call,
-alternating, in this process; cells are the median tokens/s (batch × new tokens / seconds) and
-[min-max]. Our rows draw from per-row counter streams, ``generate`` from the global RNG: same
-distribution, other tokens.
+layers d=256; V = 4,096; prompts: its first training rows) and, when prepared, SmolLM2-135M-Instruct
+(prompts: the first test rows of ``prepare-smollm2``'s task in its chat template, padded with
+``<|im_end|>``): left-padded prompts (batch ``--batch_size``), T = 1 with no top-k/top-p, exactly
+``--new_tokens`` tokens per row (no EOS stop on either side, so both do the same work), seed 0. Rows:
+ours with the preallocated (static) cache and with a growing (dynamic) one, ``--compile`` ours compiled;
+``generate`` with its default dynamic cache and with ``cache_implementation="static"``. Each is timed
+``--repeats`` times after one warm-up call, alternating, in this process; cells are the median tokens/s
+(batch × new tokens / seconds) and [min-max]. Our rows draw from per-row counter streams, ``generate``
+from the global RNG: same distribution, other tokens.
 """
 
 from __future__ import annotations
@@ -36,6 +38,21 @@ from mgsr_lightning.generation import Decoding, DecodingConfig, SamplingConfig, 
 def prompts(work: Path, batch_size: int) -> Rollout:
     examples = json.loads((work / "data.json").read_text())[:batch_size]
     return Rollout.from_token_lists([e["prompt"] for e in examples], [[] for _ in examples], pad_token_id=1)
+
+
+def smollm2_prompts(root: Path, batch_size: int) -> tuple[Rollout, int]:
+    """The first test rows of the SmolLM2 task rendered in the chat template, as the pair's configs encode
+    them (no extra special tokens), and the pad id (``<|im_end|>``)."""
+    from transformers import AutoTokenizer
+
+    from mgsr_lightning.data.templates import render_prompt
+
+    tokenizer = AutoTokenizer.from_pretrained(str(root / "teacher"))
+    with open(root / "data" / "test.jsonl") as rows:
+        records = [json.loads(line) for line, _ in zip(rows, range(batch_size))]
+    texts = [render_prompt(record, "chat", tokenizer) for record in records]
+    ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    return Rollout.from_token_lists(ids, [[] for _ in ids], pad_token_id=tokenizer.pad_token_id), tokenizer.pad_token_id
 
 
 def runners(model, batch: Rollout, new_tokens: int, vocab_size: int, pad_id: int, compiled: bool) -> dict:
@@ -93,19 +110,21 @@ def main(argv=None) -> list[str]:
     parser.add_argument("--new_tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--compile", action="store_true", help="also time our loop with the compiled one-token step")
-    parser.add_argument("--smollm2", default="artifacts/smollm2", help="prepare-smollm2's folder (teacher/)")
+    parser.add_argument("--smollm2", default="artifacts/smollm2", help="prepare-smollm2's folder (teacher/, data/)")
+    parser.add_argument("--skip_tiny", action="store_true", help="only the SmolLM2 rows: no --work folder needed")
     args = parser.parse_args(argv)
     from transformers import AutoModelForCausalLM
 
-    work = Path(args.work)
-    batch = prompts(work, args.batch_size)
     lines = [f"Decode speed, batch {args.batch_size}, {args.new_tokens} new tokens per row, T = 1, fp32 CPU, "
              f"torch threads {torch.get_num_threads()}; median [min–max] tokens/s over {args.repeats} alternating "
              "repeats; last column: against generate with its static cache.", "",
              "| Model | Decoder | tokens/s | vs generate (static) |", "|---|---|---|---|"]
-    for role in ("student", "teacher"):
-        model = AutoModelForCausalLM.from_pretrained(str(work / role))
-        lines += bench_model(f"tiny {role}", model, batch, args, vocab_size=4096, pad_id=1)
+    if not args.skip_tiny:
+        work = Path(args.work)
+        batch = prompts(work, args.batch_size)
+        for role in ("student", "teacher"):
+            model = AutoModelForCausalLM.from_pretrained(str(work / role))
+            lines += bench_model(f"tiny {role}", model, batch, args, vocab_size=4096, pad_id=1)
     notes = []
     smollm2 = Path(args.smollm2) / "teacher"
     missing = ("the gguf package is not installed (make install-smollm2)" if importlib.util.find_spec("gguf") is None
@@ -114,10 +133,8 @@ def main(argv=None) -> list[str]:
         notes.append(f"SmolLM2 pair skipped: {missing} (python -m mgsr_lightning prepare-smollm2 prepares it).")
     else:
         model = AutoModelForCausalLM.from_pretrained(str(smollm2))
-        vocab = model.config.vocab_size
-        ids = batch.prompt_ids.clamp_max(vocab - 1)
-        lines += bench_model("SmolLM2 teacher", model, Rollout(ids, batch.prompt_mask, batch.response_ids,
-                                                                batch.response_mask), args, vocab, pad_id=1)
+        batch, pad_id = smollm2_prompts(Path(args.smollm2), args.batch_size)
+        lines += bench_model("SmolLM2 teacher", model, batch, args, model.config.vocab_size, pad_id)
     text = lines + ([""] + notes if notes else [])
     print("\n".join(text))
     return text
