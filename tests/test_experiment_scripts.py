@@ -158,3 +158,34 @@ def test_sweep_table_reads_best_validation_and_keeps_the_default_on_a_tie(tmp_pa
     text = sweep["table"](sweep["load_grid"](grid), 0)
     assert "| m | m_a | 41.05 | 199 | 39.0, 41.0 |" in text
     assert "- m: **m**" in text and "- n: **n_a**" in text
+
+
+def test_add_table_rows_inserts_relabelled_seeds_replaces_a_label_and_refuses_another_protocol(tmp_path, capsys):
+    main = runpy.run_path(str(ANALYSES / "add_table_rows.py"))["main"]
+
+    def run_of(method: str, score: float, seeds=(10, 20)) -> dict:
+        return {"method": method, "config": {"seeds": list(seeds)},
+                "sets": {"test": {"rougeL": score, "exact_match": 0.0, "records_sha256": "rows"}},
+                "avg": {"rougeL": score, "exact_match": 0.0}}
+
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "runs.json").write_text(json.dumps({"runs": [run_of("Teacher", 60.0), run_of("KD", 50.0),
+                                                            run_of("MGSR", 52.0)], "train_seconds": {}}))
+    (results / "table.md").write_text("# My table\n")
+    new = tmp_path / "minillm"
+    for seed, score in enumerate([51.0, 53.0]):
+        (new / f"seed{seed}" / "eval").mkdir(parents=True)
+        (new / f"seed{seed}" / "eval" / "metrics.json").write_text(json.dumps(run_of("minillm", score)))
+        (new / f"seed{seed}" / "train_seconds.txt").write_text(f"{100 + seed}\n")
+    for _ in range(2):  # run again: the label's rows are replaced, not added twice
+        main([str(results), "--rows", f"MiniLLM={new}", "--after", "KD"])
+    written = json.loads((results / "runs.json").read_text())
+    assert [run["method"] for run in written["runs"]] == ["Teacher", "KD", "MiniLLM", "MiniLLM", "MGSR"]
+    assert written["train_seconds"] == {"minillm/seed0": "100", "minillm/seed1": "101"}
+    table = (results / "table.md").read_text()
+    assert table.startswith("# My table") and "| MiniLLM | 52.00 ± 1.41" in table
+    assert (results / "chart.png").is_file()
+    (new / "seed1" / "eval" / "metrics.json").write_text(json.dumps(run_of("minillm", 53.0, seeds=(10,))))
+    with pytest.raises(Exception, match="evaluated differently"):
+        main([str(results), "--rows", f"MiniLLM={new}"])
