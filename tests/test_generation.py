@@ -433,6 +433,6 @@ def test_the_compiled_step_samples_the_tokens_of_the_eager_loop():
     model = sharpened(build_tiny_model("gpt2", VOCAB, seed=3, n_layer=2))
     seeds = torch.tensor([1, 2, 3])
     eager = sample(model, *left_padded(PROMPTS, 1), Decoding(EIGHT_TOKENS, **IDS), seeds=seeds)
-    compiled = sample(model, *left_padded(PROMPTS, 1), Decoding(EIGHT_TOKENS, **IDS, loop=DecodingConfig(compile=True)),
-                      seeds=seeds)
+    loop = DecodingConfig(static_cache=True, compile=True)
+    compiled = sample(model, *left_padded(PROMPTS, 1), Decoding(EIGHT_TOKENS, **IDS, loop=loop), seeds=seeds)
     assert torch.equal(compiled.response_ids, eager.response_ids)
