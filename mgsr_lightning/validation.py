@@ -17,21 +17,12 @@ from typing import Any
 
 from mgsr_lightning.errors import CheckpointError, ConfigError, MissingFileError, UserError
 from mgsr_lightning.missing import describe_missing, looks_like_path
-from mgsr_lightning.model_checks import check_positions, check_vocabulary
+from mgsr_lightning.model_checks import _get, check_positions, check_vocabulary
 
 # checkpoint names Lightning resolves itself instead of a path
 CKPT_KEYWORDS = {"last", "best", "hpc", "registry"}
 # divergence and DAC-KL parameters that are probabilities or mixing weights
 UNIT_INTERVAL_PARAMS = ("alpha", "beta", "lam", "rho_min")
-
-
-def _get(namespace: Any, dotted: str, default: Any = None) -> Any:
-    value = namespace
-    for part in dotted.split("."):
-        if value is None:
-            return default
-        value = value.get(part, default) if isinstance(value, Mapping) else getattr(value, part, default)
-    return value
 
 
 def positive(name: str, value: Any) -> None:
