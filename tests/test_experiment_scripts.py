@@ -50,6 +50,15 @@ def test_default_comparisons_and_missing_method(tmp_path, capsys):
     assert "distillm −" not in out
 
 
+def test_training_seconds_column_is_the_mean_of_the_runs_and_a_dash_without_them(tmp_path, capsys):
+    write_runs(tmp_path, {"a": [27.0, 28.0], "b": [27.5, 28.4]})
+    (tmp_path / "a" / "seed0" / "train_seconds.txt").write_text("100.0\n")
+    (tmp_path / "a" / "seed1" / "train_seconds.txt").write_text("300.0\n")
+    out = run([str(tmp_path), "--methods", "a,b", "--compare", "b-a"], capsys)
+    assert "| a | 27.50 ± 0.50 | seed0 27.00, seed1 28.00 | 200 |" in out
+    assert "| b | 27.95 ± 0.45 | seed0 27.50, seed1 28.40 | — |" in out
+
+
 def test_malformed_compare_is_refused(tmp_path, capsys):
     write_runs(tmp_path, {"sft": [27.0, 27.2]})
     with pytest.raises(SystemExit):

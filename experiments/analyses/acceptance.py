@@ -11,7 +11,8 @@ negative, within 2 (not significantly below).
 Other comparisons (e.g. an ablation's steps) with ``--compare mgsr_scrg-mgsr_base,mgsr-mgsr_scrg_dac``.
 Each comparison also prints the paired difference: every method of a training seed starts from that
 seed's ``init`` student, so the per-seed differences, averaged with their own standard error, take out
-what the seed shares ("paired over N seeds" after each difference).
+what the seed shares ("paired over N seeds" after each difference). The last column is the mean training
+wall-clock of the method's runs: a shared-machine time when runs trained side by side.
 """
 
 from __future__ import annotations
@@ -32,6 +33,11 @@ def run_scores(runs: Path, method: str, metric: str = "rougeL") -> dict[str, flo
     for metrics in sorted((runs / method).glob("seed*/eval/metrics.json")):
         scores[metrics.parent.parent.name] = json.loads(metrics.read_text())["avg"][metric]
     return scores
+
+
+def train_seconds(runs: Path, method: str) -> list[float]:
+    """Each training run's wall-clock seconds (``seed<k>/train_seconds.txt``, written by ``reproduce``)."""
+    return [float(path.read_text()) for path in sorted((runs / method).glob("seed*/train_seconds.txt"))]
 
 
 def summary(values: list[float]) -> tuple[float, float]:
@@ -58,7 +64,8 @@ def main(argv: list[str] | None = None) -> None:
     teacher = args.runs / "teacher" / "eval" / "metrics.json"
     if teacher.is_file():
         print(f"teacher: {json.loads(teacher.read_text())['avg'][args.metric]:.2f}")
-    print(f"| Method | {args.metric} mean ± SE | runs (each the mean over sampling seeds) |\n|---|:---:|---|")
+    print(f"| Method | {args.metric} mean ± SE | runs (each the mean over sampling seeds) | train s (mean) |\n"
+          "|---|:---:|---|---:|")
     for method in methods:
         scores = run_scores(args.runs, method, args.metric)
         if not scores:
@@ -66,7 +73,9 @@ def main(argv: list[str] | None = None) -> None:
             continue
         stats[method], per_seed[method] = summary(list(scores.values())), scores
         listed = ", ".join(f"{seed} {value:.2f}" for seed, value in scores.items())
-        print(f"| {method} | {stats[method][0]:.2f} ± {stats[method][1]:.2f} | {listed} |")
+        seconds = train_seconds(args.runs, method)
+        mean_seconds = f"{sum(seconds) / len(seconds):.0f}" if seconds else "—"
+        print(f"| {method} | {stats[method][0]:.2f} ± {stats[method][1]:.2f} | {listed} | {mean_seconds} |")
     print()
     for a, b in comparisons:
         if a in stats and b in stats:
