@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from torch.func import functional_call
 
 
 def _make_case(B=2, T=5, V=11, *, scale=2.0, padded=0, dtype=torch.float32, seed=0):
@@ -114,3 +115,17 @@ def alpha_beta64(p, q, a, b):
 @pytest.fixture
 def divergence_ref():
     return reference_divergence
+
+
+class BoundClipNet(torch.nn.Module):
+    """``clip_net`` called with the given weights (so gradcheck can perturb them)."""
+
+    def __init__(self, clip_net, weights):
+        super().__init__()
+        self.clip_net, self.weights = clip_net, weights
+
+    def forward(self, probs):
+        return functional_call(self.clip_net, self.weights, (probs,))
+
+    def parameters(self, recurse=True):
+        return iter(self.weights.values())

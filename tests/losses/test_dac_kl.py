@@ -8,12 +8,11 @@ import math
 
 import pytest
 import torch
-from torch.func import functional_call
 from torch.overrides import TorchFunctionMode
 
 from mgsr_lightning.losses import DIVERGENCES, ClipNet, dac_kl, forward_kl
 from mgsr_lightning.losses.dac_kl import DIAGNOSTICS
-from tests.losses.conftest import kl64, reference_divergence
+from tests.losses.conftest import BoundClipNet, kl64, reference_divergence
 
 # every base divergence DAC-KL is run over in these tests, with its own parameters
 BASES = [
@@ -350,7 +349,7 @@ def test_gradcheck_float64_student_and_clipnet(make_case):
     weights = [p.detach().clone().requires_grad_(True) for p in clip_net.parameters()]
 
     def unguarded(s, *w):  # the true gradient; the guard drops the KL's gradient to the bounds on purpose
-        return dac_kl(s, teacher, mask, clip_net=_Bound(clip_net, dict(zip(names, w))), temperature=1.3, beta=0.1,
+        return dac_kl(s, teacher, mask, clip_net=BoundClipNet(clip_net, dict(zip(names, w))), temperature=1.3, beta=0.1,
                       lam_cov=0.0)[0]
 
     def guarded(s):
@@ -359,19 +358,6 @@ def test_gradcheck_float64_student_and_clipnet(make_case):
     assert torch.autograd.gradcheck(unguarded, (student, *weights))
     assert torch.autograd.gradcheck(guarded, (student,))
 
-
-class _Bound(torch.nn.Module):
-    """``clip_net`` called with the given weights (so gradcheck can perturb them)."""
-
-    def __init__(self, clip_net, weights):
-        super().__init__()
-        self.clip_net, self.weights = clip_net, weights
-
-    def forward(self, probs):
-        return functional_call(self.clip_net, self.weights, (probs,))
-
-    def parameters(self, recurse=True):
-        return iter(self.weights.values())
 
 
 class _SortLog(TorchFunctionMode):

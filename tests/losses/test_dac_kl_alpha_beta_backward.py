@@ -10,11 +10,11 @@ import sys
 
 import pytest
 import torch
-from torch.func import functional_call
 
 from mgsr_lightning.losses import ClipNet, alpha_beta_divergence, dac_kl
 from mgsr_lightning.losses.dac_kl import DIAGNOSTICS
 from mgsr_lightning.losses.dac_kl_terms import _alpha_beta_rest_entry, forward_kl_rest, written_terms
+from tests.losses.conftest import BoundClipNet
 
 PAIRS = [(0.2, 0.7), (0.5, 0.5), (1.5, 2.0)]  # MGSR's default, Amari's α-divergence (Hellinger), both above 1
 OPTIONS = {
@@ -178,24 +178,11 @@ def test_gradcheck_float64_written_alpha_beta():
     options = dict(temperature=1.3, beta=0.1, lam_cov=0.0, base="alpha_beta", base_params={"alpha": 0.2, "beta": 0.7})
 
     def loss(s, *w):
-        bound = _Bound(clip_net, dict(zip(names, w)))
+        bound = BoundClipNet(clip_net, dict(zip(names, w)))
         return dac_kl(s, teacher, mask, clip_net=bound, **options)[0]
 
     assert torch.autograd.gradcheck(loss, (student, *weights))
 
-
-class _Bound(torch.nn.Module):
-    """``clip_net`` called with the given weights (so gradcheck can perturb them)."""
-
-    def __init__(self, clip_net, weights):
-        super().__init__()
-        self.clip_net, self.weights = clip_net, weights
-
-    def forward(self, probs):
-        return functional_call(self.clip_net, self.weights, (probs,))
-
-    def parameters(self, recurse=True):
-        return iter(self.weights.values())
 
 
 @pytest.mark.parametrize(("alpha", "beta"), PAIRS, ids=[f"{a}-{b}" for a, b in PAIRS])
