@@ -198,3 +198,18 @@ def test_add_table_rows_inserts_relabelled_seeds_replaces_a_label_and_refuses_an
     (new / "seed1" / "eval" / "metrics.json").write_text(json.dumps(run_of("minillm", 53.0, seeds=(10,))))
     with pytest.raises(Exception, match="evaluated differently"):
         main([str(results), "--rows", f"MiniLLM={new}"])
+
+
+def test_training_diagnostics_regenerated_share_is_the_rows_regenerated_tokens_over_the_rollouts(tmp_path):
+    diagnostics = runpy.run_path(str(ANALYSES / "training_diagnostics.py"))
+    run = tmp_path / "mgsr" / "seed0" / "logs" / "version_0"
+    run.mkdir(parents=True)
+    header = "step,epoch,scrg/corrected_fraction,scrg/mean_regenerated_tokens,rollout/response_tokens,val/rougeL"
+    rows = ["0,0,0.5,20,40,", "1,0,1.0,30,60,", "2,0,,,,50.0"]  # shares 0.25 and 0.5; a validation row
+    (run / "metrics.csv").write_text("\n".join([header, *rows]) + "\n")
+    methods = diagnostics["runs_by_method"]([tmp_path])
+    assert methods["mgsr"][0]["scrg/regenerated_share"] == [(0, 0.25), (1, 0.5)]
+    table = diagnostics["table"](methods)
+    heading = table.splitlines()[0].split(" | ")
+    cells = table.splitlines()[2].split(" | ")
+    assert cells[heading.index("SCRG re-generated share")] == "0.375"

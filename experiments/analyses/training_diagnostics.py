@@ -22,6 +22,7 @@ COLUMNS = [
     ("scrg/corrected_fraction", "SCRG rows corrected"),
     ("scrg/mean_error_position", "SCRG error position"),
     ("scrg/mean_regenerated_tokens", "SCRG tokens re-generated"),
+    ("scrg/regenerated_share", "SCRG re-generated share"),
     ("scrg/teacher_nll_before", "teacher NLL before SCRG"),
     ("scrg/teacher_nll_after", "teacher NLL after SCRG"),
     ("scrg/seconds", "SCRG s"),
@@ -46,7 +47,22 @@ def read_metrics(path: Path) -> dict[str, list[tuple[int, float]]]:
             for column, cell in row.items():
                 if column not in ("step", "epoch") and cell not in ("", None):
                     series[column].append((step, float(cell)))
+    add_regenerated_share(series)
     return series
+
+
+def add_regenerated_share(series: dict[str, list[tuple[int, float]]]) -> None:
+    """``scrg/regenerated_share``: per step, the response tokens SCRG re-generated per row over the fresh
+    rollout's response tokens per row, = corrected_fraction · mean_regenerated_tokens / response_tokens
+    (above 1 when later corrections re-generate tokens an earlier one wrote)."""
+    columns = ("scrg/corrected_fraction", "scrg/mean_regenerated_tokens", "rollout/response_tokens")
+    if not all(column in series for column in columns):
+        return
+    corrected, regenerated, response = (dict(series[column]) for column in columns)
+    series["scrg/regenerated_share"] = [
+        (step, corrected[step] * regenerated[step] / response[step])
+        for step in sorted(set(corrected) & set(regenerated) & set(response)) if response[step] > 0
+    ]
 
 
 def summarise(series: dict[str, list[tuple[int, float]]], column: str) -> float | None:
