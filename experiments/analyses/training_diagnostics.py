@@ -35,7 +35,8 @@ COLUMNS = [
     ("regime/threshold", "final threshold"),
     ("val/rougeL", "best val ROUGE-L"),
 ]
-PLOTTED = ["scrg/corrected_fraction", "scrg/regenerated_share", "scrg/teacher_nll_after", "dac_kl/lower", "dac_kl/upper", "dac_kl/kept_mass", "source/fresh", "val/rougeL"]
+PLOTTED = ["scrg/corrected_fraction", "scrg/regenerated_share", "scrg/teacher_nll_after", "dac_kl/lower",
+           "dac_kl/upper", "dac_kl/kept_mass", "source/fresh", "val/rougeL"]
 
 
 def read_metrics(path: Path) -> dict[str, list[tuple[int, float]]]:
