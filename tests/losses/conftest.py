@@ -9,6 +9,8 @@ import pytest
 import torch
 from torch.func import functional_call
 
+from mgsr_lightning.losses import dac_kl
+
 
 def _make_case(B=2, T=5, V=11, *, scale=2.0, padded=0, dtype=torch.float32, seed=0):
     """(student [B, T, V + padded], teacher [B, T, V + padded], mask [B, T]); padded columns are -inf in both."""
@@ -129,3 +131,14 @@ class BoundClipNet(torch.nn.Module):
 
     def parameters(self, recurse=True):
         return iter(self.weights.values())
+
+
+def written_and_taped(student, teacher, mask, clip_net, **options):
+    """[(loss, diagnostics, grads to the student and ClipNet)] for the written path, then the taped one."""
+    results = []
+    for written in (True, False):
+        s = student.clone().requires_grad_(True)
+        loss, diagnostics = dac_kl(s, teacher, mask, clip_net=clip_net, written_backward=written, **options)
+        wrt = [s, *(clip_net.parameters() if clip_net is not None else ())]
+        results.append((loss, diagnostics, torch.autograd.grad(loss, wrt)))
+    return results

@@ -12,7 +12,7 @@ from torch.overrides import TorchFunctionMode
 
 from mgsr_lightning.losses import DIVERGENCES, ClipNet, dac_kl, forward_kl
 from mgsr_lightning.losses.dac_kl import DIAGNOSTICS
-from tests.losses.conftest import BoundClipNet, kl64, reference_divergence
+from tests.losses.conftest import BoundClipNet, kl64, reference_divergence, written_and_taped
 
 # every base divergence DAC-KL is run over in these tests, with its own parameters
 BASES = [
@@ -618,7 +618,9 @@ def test_over_a_base_bad_names_and_parameters_are_refused(make_case):
 @pytest.mark.parametrize("options", [dict(mode="learned"), dict(mode="fixed", fixed_bounds=(0.3, 0.5), beta=1e-3),
                                      dict(mode="learned", band="value_quantile", temperature=0.7)],
                          ids=["learned", "narrow-band", "quantile"])
-def test_blocked_sort_and_band_equal_the_taped_loss_on_hard_inputs(block_elements, options, monkeypatch):
+@pytest.mark.parametrize("base", [{}, dict(base="alpha_beta", base_params={"alpha": 0.2, "beta": 0.7})],
+                         ids=["forward-kl", "alpha-beta"])  # the two bases with a written backward
+def test_blocked_sort_and_band_equal_the_taped_loss_on_hard_inputs(block_elements, options, base, monkeypatch):
     # ties (bf16 logits on a coarse grid), padded columns, -inf in the teacher only, and a band that
     # reaches into the tail; the written path sorts and differentiates in blocks of rows
     from mgsr_lightning.losses import dac_kl_band
@@ -633,14 +635,8 @@ def test_blocked_sort_and_band_equal_the_taped_loss_on_hard_inputs(block_element
     clip_net = ClipNet(k=8, hidden=16) if options["mode"] == "learned" else None
     if clip_net is not None:
         torch.nn.init.normal_(clip_net.mlp[-1].weight, std=0.5)
-    results = []
-    for written in (True, False):
-        s = student.clone().requires_grad_(True)
-        loss, diagnostics = dac_kl(s, teacher, mask, clip_net=clip_net, written_backward=written, chunk_size=4,
-                                   **options)
-        wrt = [s, *(clip_net.parameters() if clip_net is not None else ())]
-        results.append((loss, diagnostics, torch.autograd.grad(loss, wrt)))
-    (loss, diagnostics, grads), (taped_loss, taped_diagnostics, taped_grads) = results
+    (loss, diagnostics, grads), (taped_loss, taped_diagnostics, taped_grads) = written_and_taped(
+        student, teacher, mask, clip_net, chunk_size=4, **options, **base)
     assert torch.isfinite(loss) and loss > 0
     torch.testing.assert_close(loss, taped_loss, rtol=1e-5, atol=1e-6)
     for name in DIAGNOSTICS:

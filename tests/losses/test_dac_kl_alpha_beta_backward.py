@@ -2,7 +2,8 @@
 (``dac_kl_terms.alpha_beta_rest`` through ``RestKL``) against the taped formulas (``written_backward=False``,
 the reference): values, diagnostics and gradients to the student and to ClipNet, in float64 and float32,
 with padded columns, -inf teacher entries, masks, both bands, the target class on and off, chunks, blocks
-and the anti-collapse guard; bf16 logits; and the limit cases, which stay taped."""
+and the anti-collapse guard; bf16 logits; and the limit cases, which stay taped. The blocked sort on hard
+inputs (ties, bf16) is test_dac_kl.py's, run over both written bases."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 from mgsr_lightning.losses import ClipNet, alpha_beta_divergence, dac_kl
 from mgsr_lightning.losses.dac_kl import DIAGNOSTICS
 from mgsr_lightning.losses.dac_kl_terms import _alpha_beta_rest_entry, forward_kl_rest, written_terms
-from tests.losses.conftest import BoundClipNet
+from tests.losses.conftest import BoundClipNet, written_and_taped
 
 PAIRS = [(0.2, 0.7), (0.5, 0.5), (1.5, 2.0)]  # MGSR's default, Amari's α-divergence (Hellinger), both above 1
 OPTIONS = {
@@ -54,17 +55,6 @@ def clip_net_for(options, dtype):
     clip_net = ClipNet(k=8, hidden=16).to(dtype)
     torch.nn.init.normal_(clip_net.mlp[-1].weight, std=0.5)
     return clip_net
-
-
-def written_and_taped(student, teacher, mask, clip_net, **options):
-    """[(loss, diagnostics, grads to the student and ClipNet)] for the written path, then the taped one."""
-    results = []
-    for written in (True, False):
-        s = student.clone().requires_grad_(True)
-        loss, diagnostics = dac_kl(s, teacher, mask, clip_net=clip_net, written_backward=written, **options)
-        wrt = [s, *(clip_net.parameters() if clip_net is not None else ())]
-        results.append((loss, diagnostics, torch.autograd.grad(loss, wrt)))
-    return results
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
@@ -142,30 +132,6 @@ def test_bf16_logits_are_close_to_the_float32_reference():
     torch.testing.assert_close(grads[0][0].float(), grads[1][0], rtol=1e-2, atol=1e-5)
     for grad, reference in zip(grads[0][1:], grads[1][1:]):
         torch.testing.assert_close(grad, reference, rtol=1e-4, atol=1e-6 * reference.abs().max())
-
-
-@pytest.mark.parametrize("block_elements", [1, 64], ids=["row-by-row", "blocks"])
-def test_written_alpha_beta_in_blocks_on_hard_inputs(block_elements, monkeypatch):
-    # ties (bf16 logits on a coarse grid), padded columns, -inf in the teacher only, a narrow hard band
-    from mgsr_lightning.losses import dac_kl_band
-
-    monkeypatch.setattr(dac_kl_band, "BLOCK_ELEMENTS", block_elements)
-    generator = torch.Generator().manual_seed(3)
-    student = (torch.randn(3, 5, 70, generator=generator) * 3).bfloat16()
-    teacher = (torch.randint(-6, 6, (3, 5, 70), generator=generator) / 2).bfloat16()  # many exact ties
-    student[..., -4:] = teacher[..., -4:] = float("-inf")
-    teacher[0, :, :3] = float("-inf")
-    mask = torch.rand(3, 5, generator=generator) > 0.3
-    for options in (dict(mode="learned"), dict(mode="fixed", fixed_bounds=(0.3, 0.5), beta=1e-3)):
-        options = dict(options, base="alpha_beta", base_params={"alpha": 0.2, "beta": 0.7}, chunk_size=4)
-        (loss, diagnostics, grads), (taped, taped_diagnostics, taped_grads) = written_and_taped(
-            student, teacher, mask, clip_net_for(options, torch.float32), **options)
-        torch.testing.assert_close(loss, taped, rtol=1e-5, atol=1e-6)
-        for name in DIAGNOSTICS:
-            torch.testing.assert_close(diagnostics[name], taped_diagnostics[name], rtol=1e-5, atol=1e-6)
-        for grad, taped_grad in zip(grads, taped_grads):
-            torch.testing.assert_close(grad.float(), taped_grad.float(), rtol=1e-2, atol=1e-5)
-        assert grads[0].dtype == torch.bfloat16 and grads[0].abs().sum() > 0
 
 
 def test_gradcheck_float64_written_alpha_beta():
