@@ -15,7 +15,9 @@ from mgsr_lightning.missing import describe_missing, looks_like_path
 POSITION_ATTRIBUTES = ("n_positions", "max_position_embeddings", "n_ctx", "max_sequence_length")
 
 
-def _get(namespace: Any, dotted: str, default: Any = None) -> Any:
+def get_dotted(namespace: Any, dotted: str, default: Any = None) -> Any:
+    """``namespace.a.b`` for ``dotted = "a.b"``, through attributes and mappings alike; ``default`` where a
+    part is missing or None."""
     value = namespace
     for part in dotted.split("."):
         if value is None:
@@ -50,7 +52,7 @@ def model_positions(name_or_path: str | None, config: Mapping[str, Any] | None =
 
 def check_positions(role: str, source: Any, needed: int, why: str) -> None:
     """``needed`` tokens fit in the position table of the model ``source`` describes."""
-    name_or_path, config = _get(source, "name_or_path"), _get(source, "config")
+    name_or_path, config = get_dotted(source, "name_or_path"), get_dotted(source, "config")
     if (name_or_path is not None and not Path(name_or_path).expanduser().exists()
             and (looks_like_path(name_or_path) or os.path.lexists(Path(name_or_path).expanduser()))):
         raise MissingFileError(f"{role}: model folder {describe_missing(name_or_path)}")
@@ -69,9 +71,9 @@ def check_vocabulary(tokenizer: str | None, sources: dict[str, Any]) -> None:
     from mgsr_lightning.models import check_vocabularies
     from mgsr_lightning.tokenizer import load_tokenizer, tokenizer_of
 
-    folders = {role: _get(source, "name_or_path") for role, source in sources.items() if source is not None}
+    folders = {role: get_dotted(source, "name_or_path") for role, source in sources.items() if source is not None}
     folders = {role: folder for role, folder in folders.items()
-               if folder and Path(folder).is_dir() and not _get(sources[role], "gguf_file")}
+               if folder and Path(folder).is_dir() and not get_dotted(sources[role], "gguf_file")}
     if not folders or tokenizer is None or not Path(tokenizer).expanduser().exists():
         return
     data_tokenizer = load_tokenizer(tokenizer)
@@ -81,7 +83,7 @@ def check_vocabulary(tokenizer: str | None, sources: dict[str, Any]) -> None:
             config = AutoConfig.from_pretrained(folder)
         except (OSError, ValueError):
             continue
-        vocab_size = (_get(sources[role], "config") or {}).get("vocab_size", getattr(config, "vocab_size", None))
+        vocab_size = (get_dotted(sources[role], "config") or {}).get("vocab_size", getattr(config, "vocab_size", None))
         if isinstance(vocab_size, int):
             rows[role] = vocab_size
     own = {role: tokenizer_of(folder) for role, folder in folders.items()}

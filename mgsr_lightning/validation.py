@@ -17,7 +17,7 @@ from typing import Any
 
 from mgsr_lightning.errors import CheckpointError, ConfigError, MissingFileError, UserError
 from mgsr_lightning.missing import describe_missing, looks_like_path
-from mgsr_lightning.model_checks import _get, check_positions, check_vocabulary
+from mgsr_lightning.model_checks import check_positions, check_vocabulary, get_dotted
 
 # checkpoint names Lightning resolves itself instead of a path
 CKPT_KEYWORDS = {"last", "best", "hpc", "registry"}
@@ -131,21 +131,21 @@ def check_config_dataclass(name: str, config_class: type, values: Any) -> None:
 
 def check_model_args(init: Any, prefix: str = "model.init_args") -> None:
     """Values of ``DistillLightningModule``'s arguments (and of their dataclasses)."""
-    optimizer = _get(init, "optimizer")
-    positive(f"{prefix}.optimizer.lr", _get(optimizer, "lr"))
-    at_least(f"{prefix}.optimizer.weight_decay", _get(optimizer, "weight_decay"), 0)
-    at_least(f"{prefix}.optimizer.warmup_steps", _get(optimizer, "warmup_steps"), 0)
-    for index, beta in enumerate(_get(optimizer, "betas") or ()):
+    optimizer = get_dotted(init, "optimizer")
+    positive(f"{prefix}.optimizer.lr", get_dotted(optimizer, "lr"))
+    at_least(f"{prefix}.optimizer.weight_decay", get_dotted(optimizer, "weight_decay"), 0)
+    at_least(f"{prefix}.optimizer.warmup_steps", get_dotted(optimizer, "warmup_steps"), 0)
+    for index, beta in enumerate(get_dotted(optimizer, "betas") or ()):
         in_unit_interval(f"{prefix}.optimizer.betas[{index}]", beta)
-    at_least(f"{prefix}.sft_weight", _get(init, "sft_weight"), 0)
-    at_least(f"{prefix}.span.weight", _get(init, "span.weight"), 0)
-    at_least(f"{prefix}.max_length", _get(init, "max_length"), 2)
-    distill = _get(init, "distill")
+    at_least(f"{prefix}.sft_weight", get_dotted(init, "sft_weight"), 0)
+    at_least(f"{prefix}.span.weight", get_dotted(init, "span.weight"), 0)
+    at_least(f"{prefix}.max_length", get_dotted(init, "max_length"), 2)
+    distill = get_dotted(init, "distill")
     if distill is not None:
-        positive(f"{prefix}.distill.temperature", _get(distill, "temperature"))
-        at_least(f"{prefix}.distill.weight", _get(distill, "weight"), 0)
-        positive(f"{prefix}.distill.clip_net_lr", _get(distill, "clip_net_lr"))
-        params = _get(distill, "params") or {}
+        positive(f"{prefix}.distill.temperature", get_dotted(distill, "temperature"))
+        at_least(f"{prefix}.distill.weight", get_dotted(distill, "weight"), 0)
+        positive(f"{prefix}.distill.clip_net_lr", get_dotted(distill, "clip_net_lr"))
+        params = get_dotted(distill, "params") or {}
         for key in UNIT_INTERVAL_PARAMS:
             if key in params:
                 in_unit_interval(f"{prefix}.distill.params.{key}", params[key])
@@ -153,13 +153,13 @@ def check_model_args(init: Any, prefix: str = "model.init_args") -> None:
     from mgsr_lightning.sampling import SamplingConfig
     from mgsr_lightning.scrg import ScrgConfig
 
-    check_config_dataclass(f"{prefix}.regime", RegimeConfig, _get(init, "regime"))
-    check_config_dataclass(f"{prefix}.scrg", ScrgConfig, _get(init, "scrg"))
-    check_config_dataclass(f"{prefix}.sampling", SamplingConfig, _get(init, "sampling"))
-    at_least(f"{prefix}.validation.rouge_examples", _get(init, "validation.rouge_examples"), 0)
-    at_least(f"{prefix}.validation.max_new_tokens", _get(init, "validation.max_new_tokens"), 1)
+    check_config_dataclass(f"{prefix}.regime", RegimeConfig, get_dotted(init, "regime"))
+    check_config_dataclass(f"{prefix}.scrg", ScrgConfig, get_dotted(init, "scrg"))
+    check_config_dataclass(f"{prefix}.sampling", SamplingConfig, get_dotted(init, "sampling"))
+    at_least(f"{prefix}.validation.rouge_examples", get_dotted(init, "validation.rouge_examples"), 0)
+    at_least(f"{prefix}.validation.max_new_tokens", get_dotted(init, "validation.max_new_tokens"), 1)
     for role in ("student", "teacher"):
-        name_or_path, config = _get(init, f"{role}.name_or_path"), _get(init, f"{role}.config")
+        name_or_path, config = get_dotted(init, f"{role}.name_or_path"), get_dotted(init, f"{role}.config")
         if name_or_path and config:
             raise ConfigError(
                 f"{prefix}.{role} has both name_or_path ({name_or_path}) and config: "
@@ -167,33 +167,33 @@ def check_model_args(init: Any, prefix: str = "model.init_args") -> None:
                 f"model, so the weights of {name_or_path} would not be loaded. To load them, unset config: "
                 f"""--{prefix}.{role}='{{"name_or_path": "{name_or_path}", "config": null}}' (in a config file: """
                 "`config: null`); to build from the config, unset name_or_path")
-        dtype = _get(init, f"{role}.dtype")
+        dtype = get_dotted(init, f"{role}.dtype")
         if dtype is not None and dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigError(f"{prefix}.{role}.dtype must be float32, bfloat16 or float16, got {dtype!r}")
 
 
 def check_data_args(data: Any, stage: str) -> None:
     """Values and input paths of ``InstructionDataModule``'s arguments for ``stage``."""
-    at_least("data.batch_size", _get(data, "batch_size"), 1)
-    at_least("data.eval_batch_size", _get(data, "eval_batch_size"), 1)
-    at_least("data.max_prompt_length", _get(data, "max_prompt_length"), 1)
-    at_least("data.val_size", _get(data, "val_size"), 0)
-    at_least("data.num_workers", _get(data, "num_workers"), 0)
-    at_least("data.max_train_examples", _get(data, "max_train_examples"), 1)
-    at_least("data.max_val_examples", _get(data, "max_val_examples"), 1)
-    max_length, max_prompt_length = _get(data, "max_length"), _get(data, "max_prompt_length")
+    at_least("data.batch_size", get_dotted(data, "batch_size"), 1)
+    at_least("data.eval_batch_size", get_dotted(data, "eval_batch_size"), 1)
+    at_least("data.max_prompt_length", get_dotted(data, "max_prompt_length"), 1)
+    at_least("data.val_size", get_dotted(data, "val_size"), 0)
+    at_least("data.num_workers", get_dotted(data, "num_workers"), 0)
+    at_least("data.max_train_examples", get_dotted(data, "max_train_examples"), 1)
+    at_least("data.max_val_examples", get_dotted(data, "max_val_examples"), 1)
+    max_length, max_prompt_length = get_dotted(data, "max_length"), get_dotted(data, "max_prompt_length")
     if max_length is not None and max_prompt_length is not None and max_prompt_length >= max_length:
         raise ConfigError(
             f"data.max_prompt_length ({max_prompt_length}) must be smaller than data.max_length ({max_length})"
         )
-    existing_input("data.tokenizer", _get(data, "tokenizer"), "tokenizer folder")
+    existing_input("data.tokenizer", get_dotted(data, "tokenizer"), "tokenizer folder")
     needed = {"fit": ("train_data", "val_data"), "validate": ("train_data", "val_data")}.get(stage, ("test_data",))
     for key in needed:
-        existing_input(f"data.{key}", _get(data, key), "data file")
+        existing_input(f"data.{key}", get_dotted(data, key), "data file")
     from mgsr_lightning.data.records import read_jsonl
 
     for key in needed:  # every row, as the data module will read them, before Lightning prints or writes anything
-        value = _get(data, key)
+        value = get_dotted(data, key)
         if isinstance(value, str) and Path(value).expanduser().is_file():
             read_jsonl(Path(value).expanduser())
 
@@ -202,26 +202,26 @@ def check_run_config(config: Any, stage: str) -> None:
     """Everything a LightningCLI run (``fit``, ``validate``, ``test``, ``predict``) can be checked for
     before it loads a model: values, input paths, sequence lengths against the models' positions,
     vocabularies, the checkpoint to start from, and that the output folders are writable."""
-    init = _get(config, "model.init_args")
-    data = _get(config, "data")
+    init = get_dotted(config, "model.init_args")
+    data = get_dotted(config, "data")
     if init is not None:
         check_model_args(init)
     if data is not None:
         check_data_args(data, stage)
-    max_length = _get(data, "max_length") or _get(init, "max_length")
+    max_length = get_dotted(data, "max_length") or get_dotted(init, "max_length")
     for role in ("student", "teacher"):
-        source = _get(init, role)
+        source = get_dotted(init, role)
         if source is not None and max_length is not None:
             check_positions(role, source, max_length, "data.max_length (prompt + response, rollouts included)")
-    tokenizer = _get(init, "tokenizer") or _get(data, "tokenizer")
-    check_vocabulary(tokenizer, {role: _get(init, role) for role in ("student", "teacher")})
-    ckpt_path = _get(config, "ckpt_path")
+    tokenizer = get_dotted(init, "tokenizer") or get_dotted(data, "tokenizer")
+    check_vocabulary(tokenizer, {role: get_dotted(init, role) for role in ("student", "teacher")})
+    ckpt_path = get_dotted(config, "ckpt_path")
     if ckpt_path is not None and str(ckpt_path) not in CKPT_KEYWORDS and "://" not in str(ckpt_path):
         check_checkpoint(ckpt_path)
-    writable_folder("trainer.default_root_dir", _get(config, "trainer.default_root_dir"))
-    logger = _get(config, "trainer.logger")
+    writable_folder("trainer.default_root_dir", get_dotted(config, "trainer.default_root_dir"))
+    logger = get_dotted(config, "trainer.logger")
     for logger_config in logger if isinstance(logger, list) else [logger]:
         if logger_config is not None and not isinstance(logger_config, bool):
-            writable_folder("trainer.logger save_dir", _get(logger_config, "init_args.save_dir"))
+            writable_folder("trainer.logger save_dir", get_dotted(logger_config, "init_args.save_dir"))
     if stage == "fit":
-        model_output_folder("model.init_args.export_dir", _get(init, "export_dir"))
+        model_output_folder("model.init_args.export_dir", get_dotted(init, "export_dir"))
