@@ -35,6 +35,8 @@ import subprocess
 import sys
 import time
 
+from proc_memory import reset_peak_rss, status_kib  # the folder of these scripts (see proc_memory.py)
+
 # dac_kl_taped: DAC-KL with plain autograd instead of the "rest" variant's written-out backward
 LOSSES = ("forward_kl", "dac_kl", "dac_kl_taped", "span_correlation")
 PATHS = ("naive", "chunked")
@@ -53,11 +55,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--probe-tokens", type=int, default=1024, help="B·T of the unchunked probe run")
     parser.add_argument("--child", nargs=2, metavar=("LOSS", "PATH"), help=argparse.SUPPRESS)
     return parser.parse_args(argv)
-
-
-def _status_kib(key: str) -> int:
-    with open("/proc/self/status") as status:
-        return int(re.search(rf"^{key}:\s+(\d+) kB", status.read(), re.MULTILINE).group(1))
 
 
 def measure(args: argparse.Namespace, loss_name: str, path: str) -> dict:
@@ -88,16 +85,15 @@ def measure(args: argparse.Namespace, loss_name: str, path: str) -> dict:
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
     else:
-        before = _status_kib("VmRSS") * 1024
-        with open("/proc/self/clear_refs", "w") as clear_refs:
-            clear_refs.write("5")
+        before = status_kib("VmRSS") * 1024
+        reset_peak_rss()
     start = time.perf_counter()
     run().backward()
     if device.type == "cuda":
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated()
     else:
-        peak = _status_kib("VmHWM") * 1024
+        peak = status_kib("VmHWM") * 1024
     seconds = time.perf_counter() - start
     return {"extra": peak - before, "grad": student.numel() * student.element_size(), "seconds": seconds}
 

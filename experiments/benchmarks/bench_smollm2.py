@@ -36,6 +36,8 @@ import sys
 import time
 from pathlib import Path
 
+from proc_memory import status_kib  # the folder of these scripts (see proc_memory.py)
+
 REPO = Path(__file__).resolve().parents[2]
 METHODS = ("sft", "kd", "gkd", "distillm", "mgsr")
 SAMPLING = {  # overrides that make a sampling method sample on every step
@@ -60,13 +62,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--no-naive", action="store_true", help="skip MGSR's unchunked run")
     parser.add_argument("--child", nargs=2, metavar=("METHOD", "CHUNK"), help=argparse.SUPPRESS)
     return parser.parse_args(argv)
-
-
-def _status_kib(key: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    raise KeyError(key)
 
 
 def measure(args: argparse.Namespace, method: str, chunked: bool) -> dict:
@@ -137,7 +132,7 @@ def measure(args: argparse.Namespace, method: str, chunked: bool) -> dict:
     return {"steps": len(rows), "step": mean("step"), "cpu": mean("cpu"), "rollout": mean("rollout/seconds"),
             "scrg": mean("scrg/seconds"),
             "loss": mean("loss"), "response_tokens": mean("rollout/response_tokens"),
-            "peak_rss_gib": _status_kib("VmHWM") / 2**20}
+            "peak_rss_gib": status_kib("VmHWM") / 2**20}
 
 
 def run_child(argv: list[str], method: str, chunked: bool) -> dict:

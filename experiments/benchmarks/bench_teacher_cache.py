@@ -28,12 +28,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from proc_memory import reset_peak_rss, status_kib  # the folder of these scripts (see proc_memory.py)
 
 REPO = Path(__file__).resolve().parents[2]
 ROOT = Path(os.environ.get("MGSR_TINY_DIR", REPO / "artifacts" / "tiny"))
@@ -61,15 +62,6 @@ def _fit_args(pair: str, method: str, rows: int, steps: int, out: Path) -> list[
             f"--model.init_args.export_dir={out}/hf", *PAIRS[pair]["options"].get(method, [])]
 
 
-def _peak_rss_mib() -> float:
-    """The process's peak resident set since it started or since the last ``_reset_peak_rss`` (Linux)."""
-    return int(re.search(r"VmHWM:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) / 1024
-
-
-def _reset_peak_rss() -> None:
-    Path("/proc/self/clear_refs").write_text("5")  # the peak becomes the current resident set
-
-
 def one_run(pair: str, method: str, cache: str | None, rows: int, steps: int, out: Path) -> None:
     """In a child process: fit ``method`` and print its step times, its peak RSS and its peak RSS from the
     first training step on (what the model, the optimizer and the steps hold, without what loading and
@@ -83,8 +75,8 @@ def one_run(pair: str, method: str, cache: str | None, rows: int, steps: int, ou
 
     def timed(self, batch, batch_idx):
         if not startup_peak:
-            startup_peak.append(_peak_rss_mib())
-            _reset_peak_rss()
+            startup_peak.append(status_kib("VmHWM") / 1024)
+            reset_peak_rss()
         start = time.perf_counter()
         loss = original(self, batch, batch_idx)
         times.append(time.perf_counter() - start)
@@ -93,7 +85,7 @@ def one_run(pair: str, method: str, cache: str | None, rows: int, steps: int, ou
     DistillLightningModule.training_step = timed
     args = ["fit", *_fit_args(pair, method, rows, steps, out)] + ([f"--data.teacher_cache={cache}"] if cache else [])
     cli = run_cli(args)
-    training_peak = _peak_rss_mib()
+    training_peak = status_kib("VmHWM") / 1024
     print(json.dumps({"step_s": statistics.median(times[2:]), "peak_rss_mib": max(startup_peak[0], training_peak),
                       "startup_peak_rss_mib": startup_peak[0], "training_peak_rss_mib": training_peak,
                       "teacher_loaded": cli.model.teacher is not None}))

@@ -55,6 +55,8 @@ import sys
 import time
 from pathlib import Path
 
+from proc_memory import status_kib  # the folder of these scripts (see proc_memory.py)
+
 REPO = Path(__file__).resolve().parents[2]
 VOCAB_WORDS = 4094  # plus EOS and pad: 4,096 ids
 # Every third word carries GPT-2's word-start marker, so MGSR's span prior finds multi-token words.
@@ -380,11 +382,10 @@ def _peak_rss_mib() -> float:
 
     Not ``getrusage().ru_maxrss``: Linux carries that figure over ``fork`` and ``execve``, so a worker
     spawned by a parent holding the pretrained models would report at least the parent's peak."""
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # no /proc: the portable figure
+    try:
+        return status_kib("VmHWM") / 1024
+    except (OSError, KeyError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # no /proc: the portable figure
 
 
 def _versions() -> dict:
