@@ -48,6 +48,8 @@ COMMANDS = {
                      "mgsr_lightning.pipeline.table:table"),
     "export": Command("turn a training checkpoint into a Hugging Face model folder",
                       "mgsr_lightning.pipeline.commands:export"),
+    "select": Command("train several methods on a prepared folder, score them on validation, export the best",
+                      "mgsr_lightning.pipeline.select:select"),
     "reproduce": Command("the paper's pipeline: distil each method, evaluate, write Table 1 and a chart",
                          "mgsr_lightning.pipeline.reproduce:reproduce"),
     "cache-teacher": Command("run a fit config's teacher once over its training split, store its top-k per token",
