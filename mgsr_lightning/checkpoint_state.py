@@ -4,7 +4,7 @@
 teacher's weights are dropped from every saved ``state_dict`` (they come from its own folder and
 never change), and put back from the loaded teacher when a checkpoint's state is loaded, so strict
 loading still works. The regime's and the random generators' states are saved by
-:class:`mgsr_lightning.resume.ResumeState`. The host provides ``teacher`` and ``_build_student_side()``.
+:class:`mgsr_lightning.training.resume.ResumeState`. The host provides ``teacher`` and ``_build_student_side()``.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 ``HeldOutSteps`` is a mixin of :class:`mgsr_lightning.module.DistillLightningModule`: it scores the
 student's response cross-entropy (``val/loss``, ``test/loss``), hands the validation loss to the
 regime (DistiLLM's adaptive threshold reads it), and samples the student's answers for ``predict``.
-ROUGE-L and exact match are :class:`mgsr_lightning.callbacks.GenerationMetrics`'. It uses the
+ROUGE-L and exact match are :class:`mgsr_lightning.training.callbacks.GenerationMetrics`'. It uses the
 module's ``student``, ``logits``, ``regime`` and its ``val_loss`` / ``test_loss`` metrics.
 """
 
@@ -14,8 +14,8 @@ from typing import Any
 from torchmetrics import MeanMetric
 
 from mgsr_lightning.batch import Rollout
-from mgsr_lightning.callbacks import generate_texts
 from mgsr_lightning.losses.objective import response_cross_entropy
+from mgsr_lightning.training.callbacks import generate_texts
 
 
 class HeldOutSteps:

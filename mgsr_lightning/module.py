@@ -29,31 +29,39 @@ from torchmetrics import MeanMetric
 from transformers import PreTrainedModel
 
 from mgsr_lightning.batch import Rollout
-from mgsr_lightning.callbacks import (
+from mgsr_lightning.checkpoint_state import TeacherOutOfCheckpoints
+from mgsr_lightning.generation.decode import Decoding
+from mgsr_lightning.generation.sampling import DecodingConfig, SamplingConfig
+from mgsr_lightning.generation.scoring import response_logits
+from mgsr_lightning.held_out import HeldOutSteps
+from mgsr_lightning.losses.minillm import MiniLLMConfig
+from mgsr_lightning.losses.objective import DistillLoss, Objective, SpanLoss, build_clip_net
+from mgsr_lightning.losses.saturation import FarFromTeacherWarning, saturation_message
+from mgsr_lightning.models.loading import ModelSource, check_pair_vocabularies, load_causal_lm
+from mgsr_lightning.models.tokenizer import load_tokenizer, token_id
+from mgsr_lightning.scrg.revise import ScrgConfig
+from mgsr_lightning.seeding import rollout_seeds
+from mgsr_lightning.spans.token_prior import build_span_prior
+from mgsr_lightning.teacher_cache import cached_teacher_logits, check_teacher, needs_live_teacher
+from mgsr_lightning.training.callbacks import (
     ExportStudent,
     GenerationMetrics,
     RunHyperparameters,
     TeacherResponses,
     ValidationConfig,
 )
-from mgsr_lightning.checkpoint_state import TeacherOutOfCheckpoints
-from mgsr_lightning.generation import Decoding, DecodingConfig, SamplingConfig, response_logits
-from mgsr_lightning.held_out import HeldOutSteps
-from mgsr_lightning.losses.minillm import MiniLLMConfig
-from mgsr_lightning.losses.objective import DistillLoss, Objective, SpanLoss, build_clip_net
-from mgsr_lightning.losses.saturation import FarFromTeacherWarning, saturation_message
-from mgsr_lightning.minillm_rollout import minillm_rollout
-from mgsr_lightning.models import ModelSource, check_pair_vocabularies, load_causal_lm
-from mgsr_lightning.optim import OptimizerConfig, build_optimizer, clip_gradients, no_decay_names, parameter_groups
-from mgsr_lightning.regimes import NoStudentOutputsWarning, RegimeConfig, TrainingSequences, build_regime
-from mgsr_lightning.resume import ResumeState
-from mgsr_lightning.rollout import student_rollout
-from mgsr_lightning.scrg import ScrgConfig
-from mgsr_lightning.seeding import rollout_seeds
-from mgsr_lightning.spans import build_span_prior
-from mgsr_lightning.teacher_cache import cached_teacher_logits, check_teacher, needs_live_teacher
-from mgsr_lightning.tokenizer import load_tokenizer, token_id
-from mgsr_lightning.warning_format import show_category_names
+from mgsr_lightning.training.minillm_rollout import minillm_rollout
+from mgsr_lightning.training.optim import (
+    OptimizerConfig,
+    build_optimizer,
+    clip_gradients,
+    no_decay_names,
+    parameter_groups,
+)
+from mgsr_lightning.training.regimes import NoStudentOutputsWarning, RegimeConfig, TrainingSequences, build_regime
+from mgsr_lightning.training.resume import ResumeState
+from mgsr_lightning.training.rollout import student_rollout
+from mgsr_lightning.training.warning_format import show_category_names
 
 show_category_names()  # Lightning's formatter drops the category of warnings from files named *lightning*
 

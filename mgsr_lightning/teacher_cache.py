@@ -21,9 +21,9 @@ from torch import Tensor, nn
 from mgsr_lightning.batch import Rollout
 from mgsr_lightning.data.collate import EncodedExample, InstructionCollator
 from mgsr_lightning.data.teacher_cache import BATCH_KEYS, TeacherCacheWriter, check_teacher
-from mgsr_lightning.generation import response_logits
+from mgsr_lightning.generation.scoring import response_logits
 from mgsr_lightning.losses.sparse_teacher import densify, top_k_entries
-from mgsr_lightning.regimes import TrainingSequences
+from mgsr_lightning.training.regimes import TrainingSequences
 
 __all__ = ["cached_teacher_logits", "check_teacher", "needs_live_teacher", "write_teacher_cache"]
 

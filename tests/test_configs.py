@@ -10,8 +10,8 @@ import pytest
 import yaml
 from tiny_models import cli_overrides
 
-from mgsr_lightning.cli import load_config_text, run_cli
-from mgsr_lightning.scrg import ScrgConfig
+from mgsr_lightning.cli.lightning_cli import load_config_text, run_cli
+from mgsr_lightning.scrg.revise import ScrgConfig
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 PAIRS = {"tiny": "gpt2", "reason": "gpt2", "facts": "gpt2", "gpt2": "gpt2", "opt": "opt", "openllama2": "llama",

@@ -68,7 +68,8 @@ def test_importing_the_cli_changes_no_global_state_and_run_cli_sets_it_up():
 
         from jsonargparse._loaders_dumpers import loaders
 
-        from mgsr_lightning import cli, lightning_workarounds
+        from mgsr_lightning import lightning_workarounds
+        from mgsr_lightning.cli import lightning_cli as cli
 
         def leafspec_filtered():
             return any("LeafSpec" in str(getattr(f[1], "pattern", "")) for f in warnings.filters)

@@ -20,9 +20,9 @@ from mgsr_lightning.data.teacher_cache import (
     data_fingerprint,
 )
 from mgsr_lightning.errors import ConfigError, MissingFileError
-from mgsr_lightning.generation import response_logits
+from mgsr_lightning.generation.scoring import response_logits
 from mgsr_lightning.losses.sparse_teacher import densify
-from mgsr_lightning.models import ModelSource
+from mgsr_lightning.models.loading import ModelSource
 from mgsr_lightning.teacher_cache import needs_live_teacher, write_teacher_cache
 
 REPO = Path(__file__).resolve().parents[1]
@@ -100,7 +100,7 @@ def test_only_ground_truth_methods_without_scrg_go_without_a_live_teacher():
 
 def test_kd_on_the_embedded_default_trains_from_a_cache_with_the_teacher_never_loaded(tiny_assets, tmp_path,
                                                                                    monkeypatch):
-    from mgsr_lightning.cli import run_cli
+    from mgsr_lightning.cli.lightning_cli import run_cli
     from mgsr_lightning.module import DistillLightningModule
     from mgsr_lightning.pipeline.cache_teacher import cache_teacher, command_arguments
 

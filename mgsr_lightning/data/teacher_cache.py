@@ -31,7 +31,7 @@ import torch
 
 from mgsr_lightning.data.collate import EncodedExample, InstructionCollator
 from mgsr_lightning.errors import ConfigError, MissingFileError
-from mgsr_lightning.models import ModelSource
+from mgsr_lightning.models.loading import ModelSource
 
 META_FILE, ENTRIES_FILE, FORMAT = "teacher_cache.json", "entries.arrow", 1
 BATCH_KEYS = ("teacher_top_ids", "teacher_top_logprobs", "teacher_rest_logprob")

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     )
     from mgsr_lightning.evaluation.report import format_table1, plot_table1, summarize_runs, write_report
     from mgsr_lightning.evaluation.rouge import exact_match, normalize_answer, rouge_l
-    from mgsr_lightning.generation import decode_responses
+    from mgsr_lightning.generation.decode import decode_responses
     from mgsr_lightning.seeding import example_seeds
 
 __all__ = [
@@ -64,7 +64,7 @@ _HOMES = {
     **dict.fromkeys(("format_table1", "plot_table1", "summarize_runs", "write_report"),
                     "mgsr_lightning.evaluation.report"),
     **dict.fromkeys(("exact_match", "normalize_answer", "rouge_l"), "mgsr_lightning.evaluation.rouge"),
-    "decode_responses": "mgsr_lightning.generation",
+    "decode_responses": "mgsr_lightning.generation.decode",
     "example_seeds": "mgsr_lightning.seeding",
 }
 

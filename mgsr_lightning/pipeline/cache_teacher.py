@@ -14,9 +14,9 @@ import torch
 
 from mgsr_lightning.data.teacher_cache import META_FILE, data_fingerprint, teacher_fingerprint
 from mgsr_lightning.errors import ConfigError
-from mgsr_lightning.models import check_vocabularies
+from mgsr_lightning.models.loading import check_vocabularies
+from mgsr_lightning.models.tokenizer import token_id
 from mgsr_lightning.teacher_cache import write_teacher_cache
-from mgsr_lightning.tokenizer import token_id
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ def cache_teacher(
         batch_size: Rows per teacher forward (default: the data's evaluation batch size).
         device: ``cpu``, ``cuda``, ... (default: ``cuda`` when available).
     """
-    from mgsr_lightning.cli import run_cli
+    from mgsr_lightning.cli.lightning_cli import run_cli
 
     configs = list(fit_config)
     cli = run_cli([arg for path in configs for arg in ("--config", path)] + list(overrides or []), run=False)

@@ -14,14 +14,15 @@ from typing import Any
 
 import torch
 
-from mgsr_lightning import atomic, validation
+from mgsr_lightning import atomic
+from mgsr_lightning.cli import validation
 from mgsr_lightning.data.records import load_records, write_jsonl
 from mgsr_lightning.data.templates import PromptTemplate
 from mgsr_lightning.errors import ConfigError, MissingFileError
 from mgsr_lightning.evaluation.evaluate import EvalConfig, evaluate_model
 from mgsr_lightning.evaluation.readers import EVAL_SETS, load_dolly15k, load_eval_set
-from mgsr_lightning.generation import SamplingConfig
-from mgsr_lightning.model_checks import check_positions
+from mgsr_lightning.generation.sampling import SamplingConfig
+from mgsr_lightning.models.checks import check_positions
 from mgsr_lightning.pipeline.checks import (
     check_fit_fingerprint,
     check_model_folder,
@@ -41,7 +42,7 @@ def _fit(
 ) -> Path:
     """Train ``configs/<pair>/<method>.yaml`` with ``seed`` (and CLI ``overrides``) into ``run_dir``; returns
     the exported student."""
-    from mgsr_lightning.cli import run_cli
+    from mgsr_lightning.cli.lightning_cli import run_cli
 
     export_dir = run_dir / "hf"
     check_fit_fingerprint(run_dir, fit_fingerprint(config_path(pair, method), seed, env, overrides))
@@ -84,7 +85,7 @@ def _initialised_student(pair: str, runs_root: Path, seed: int, env: dict[str, s
 def _load(folder: Path, dtype: torch.dtype = torch.float32):
     from transformers import AutoModelForCausalLM
 
-    from mgsr_lightning.tokenizer import load_tokenizer
+    from mgsr_lightning.models.tokenizer import load_tokenizer
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
@@ -264,7 +265,7 @@ def export(checkpoint: str, out: str) -> None:
         out: Output folder, loadable with ``from_pretrained`` and ``pipeline("text-generation", ...)``; it must
             be new, empty, or a model folder (whose files are replaced).
     """
-    from mgsr_lightning.export import export_student, training_settings
+    from mgsr_lightning.models.export import export_student, training_settings
 
     saved = validation.check_checkpoint(checkpoint, "checkpoint")
     hparams = saved.get("hyper_parameters", {})

@@ -53,7 +53,7 @@ def rows_within_limits(records: list[dict[str, Any]], tokenizer, data_config: di
           name: str) -> tuple[int, dict[str, int]]:
     """How many rows the pair's length limits keep (as training and evaluation encode them), and why the others go."""
     from mgsr_lightning.data.datamodule import encode_records
-    from mgsr_lightning.tokenizer import token_id
+    from mgsr_lightning.models.tokenizer import token_id
 
     datamodule_log = logging.getLogger("mgsr_lightning.data.datamodule")
     tokenizer_log = logging.getLogger("transformers.tokenization_utils_base")  # "longer than model_max_length"

@@ -14,7 +14,8 @@ import shutil
 import time
 from pathlib import Path
 
-from mgsr_lightning import atomic, validation
+from mgsr_lightning import atomic
+from mgsr_lightning.cli import validation
 from mgsr_lightning.evaluation.report import format_table1, write_report
 from mgsr_lightning.pipeline.checks import check_pair_and_methods
 from mgsr_lightning.pipeline.commands import _evaluate, _fit, _initialised_student, _pair_setup
@@ -67,7 +68,7 @@ def reproduce(
     env, eval_sets, eval_config, teacher_dir = _pair_setup(pair, data_source, eval_source, max_eval_examples)
     if not (teacher_dir / "config.json").is_file():
         with environment(**env):
-            from mgsr_lightning.cli import run_cli
+            from mgsr_lightning.cli.lightning_cli import run_cli
 
             run_cli(["fit", "--config", str(config_path(pair, "teacher"))])
     runs = [_evaluate(teacher_dir, runs_root / "teacher" / "eval", TEACHER_LABEL, eval_sets, eval_config)]

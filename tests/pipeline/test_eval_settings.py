@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mgsr_lightning.errors import ConfigError
-from mgsr_lightning.export import TRAINING_SETTINGS
+from mgsr_lightning.models.export import TRAINING_SETTINGS
 from mgsr_lightning.pipeline import commands, eval_settings
 
 TINY_TRAINING = {"template": "plain", "max_prompt_length": 48, "max_length": 72, "max_new_tokens": 24,
