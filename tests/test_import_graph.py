@@ -18,12 +18,15 @@ Each is a folder of the package or a few root modules:
 6. data: ``data/`` (records, templates, collation, the data module, the benchmark generators in ``data/tasks/``).
 7. evaluation: ``evaluation/`` (ROUGE-L over seeds, the evaluation sets, validation metrics, the report).
 8. training: ``training/`` (regimes, rollouts, SeqKD's cache, optimiser, callbacks, resume state, FSDP).
-9. module: ``module`` (the one LightningModule), its mixins (``held_out``, ``checkpoint_state``), the
-   teacher-cache rule (``teacher_cache``) and the package's ``__init__``, which re-exports the module.
+9. module: ``module`` (the one LightningModule) and the package's ``__init__``, which re-exports it.
 10. cli: ``cli/`` (LightningCLI, config files, validation, the run lock).
 11. pipeline: ``pipeline/`` (multi-step commands built on the CLI) and ``__main__``.
 
 A name covers the module and, for a package, everything under it. A new module needs a place here.
+
+Besides the layers, the data line: the training side (``module``, ``training/``, ``scrg/``, ``spans/``,
+``generation/`` and ``losses/``) imports nothing from ``data/`` or ``pipeline/``, so that importing the
+LightningModule loads neither (nor ``pyarrow``); the tests of ``test_imports.py`` check what is loaded.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (  # lowest first
     ("data", ("data",)),
     ("evaluation", ("evaluation",)),
     ("training", ("training",)),
-    ("module", ("module", "held_out", "checkpoint_state", "teacher_cache", "__init__")),
+    ("module", ("module", "__init__")),
     ("cli", ("cli",)),
     ("pipeline", ("pipeline", "__main__")),
 )
@@ -167,6 +170,21 @@ def test_no_import_from_a_lower_layer_to_a_higher_one():
         if layer_of(target) > layer_of(name)
     ]
     assert not upward, "\n".join(upward)
+
+
+TRAINING_SIDE = ("module", "training", "scrg", "spans", "generation", "losses")
+DATA_SIDE = ("data", "pipeline")
+
+
+def _under(name: str, members: tuple[str, ...]) -> bool:
+    relative = name[len(PACKAGE) + 1 :]
+    return any(relative == member or relative.startswith(member + ".") for member in members)
+
+
+def test_the_training_side_imports_nothing_from_data_or_pipeline():
+    crossing = [f"{name} imports {target}" for name, targets in sorted(import_graph().items())
+                if _under(name, TRAINING_SIDE) for target in sorted(targets) if _under(target, DATA_SIDE)]
+    assert not crossing, "\n".join(crossing)
 
 
 def test_package_inits_load_only_their_own_modules():

@@ -88,3 +88,25 @@ def test_importing_the_cli_changes_no_global_state_and_run_cli_sets_it_up():
         assert leafspec_filtered()
     """)
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_importing_the_module_loads_nothing_of_the_data_side_and_changes_no_global_state():
+    result = run_python("""
+        import sys
+        import warnings
+
+        import lightning.pytorch  # noqa: F401  (Lightning's warning formatter and filters first)
+        import torchmetrics  # noqa: F401
+        import transformers  # noqa: F401
+
+        formatter = warnings.formatwarning
+        import mgsr_lightning.module  # noqa: F401
+
+        loaded = [name for name in sys.modules if name == "pyarrow" or name.startswith(("pyarrow.",
+                  "mgsr_lightning.data", "mgsr_lightning.pipeline", "mgsr_lightning.cli"))]
+        assert not loaded, loaded
+        assert warnings.formatwarning is formatter, "importing the module replaced the warning formatter"
+        ours = [f for f in warnings.filters if "eval mode" in str(getattr(f[1], "pattern", ""))]
+        assert not ours, "importing the module changed the warning filters"
+    """)
+    assert result.returncode == 0, result.stderr[-3000:]

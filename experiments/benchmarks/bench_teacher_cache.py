@@ -95,9 +95,9 @@ def loss_errors(pair: str, cache: Path, rows: int) -> dict[str, float]:
     """Relative error of KD's and DAC-KL's loss with the cached (densified) teacher against the live one."""
     import torch
 
-    from mgsr_lightning.batch import Rollout
+    from mgsr_lightning.batch import TEACHER_CACHE_KEYS, Rollout
     from mgsr_lightning.cli.lightning_cli import run_cli
-    from mgsr_lightning.data.teacher_cache import BATCH_KEYS, CachedTeacherCollator
+    from mgsr_lightning.data.teacher_cache import CachedTeacherCollator
     from mgsr_lightning.generation.scoring import response_logits
     from mgsr_lightning.losses.dac_kl import ClipNet, dac_kl
     from mgsr_lightning.losses.divergences import forward_kl
@@ -117,7 +117,7 @@ def loss_errors(pair: str, cache: Path, rows: int) -> dict[str, float]:
             batch = collate(examples[start : start + size])
             rollout = Rollout.from_batch(batch)
             live = response_logits(teacher, rollout, module.vocab_size)
-            cached = densify(*(batch[key] for key in BATCH_KEYS), module.vocab_size)
+            cached = densify(*(batch[key] for key in TEACHER_CACHE_KEYS), module.vocab_size)
             student = response_logits(module.student, rollout, module.vocab_size)
             mask, base = rollout.response_mask, {"base": "alpha_beta", "base_params": {"alpha": 0.2, "beta": 0.7}}
             for name, loss in (("kd", lambda t: forward_kl(student, t, mask)),

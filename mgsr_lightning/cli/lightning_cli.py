@@ -28,6 +28,7 @@ from mgsr_lightning.cli.config_files import load_config_text
 from mgsr_lightning.cli.run_lock import ExportLock, export_lock
 from mgsr_lightning.cli.validation import CKPT_KEYWORDS, check_checkpoint, check_run_config
 from mgsr_lightning.data.datamodule import InstructionDataModule
+from mgsr_lightning.data.teacher_cache import TeacherCacheCheck
 from mgsr_lightning.errors import ConfigError, UserError, condense_parser_error
 from mgsr_lightning.lightning_workarounds import (
     StepLimitedRichProgressBar,
@@ -218,6 +219,9 @@ class DistillCLI(LightningCLI):
                 callback.__class__ = StepLimitedRichProgressBar
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
+        teacher_cache = getattr(self.datamodule, "hparams", {}).get("teacher_cache") if self.datamodule else None
+        if teacher_cache is not None:  # refused when made by another teacher or vocabulary, before any step
+            trainer.callbacks.append(TeacherCacheCheck(teacher_cache))
         if self._resume_step is not None and trainer.is_global_zero:
             for logger in trainer.loggers:
                 if isinstance(logger, CSVLogger):

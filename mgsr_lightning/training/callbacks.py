@@ -6,7 +6,8 @@ init args).
   validation curve in one line and a warning when it collapsed or its samples never ended;
 - ``TeacherResponses``: SeqKD's teacher answers to every training prompt, generated once and cached;
 - ``ExportStudent``: the student in Hugging Face format at the end of fit;
-- ``RunHyperparameters``: the effective global batch size and the loss weights, logged once per fit.
+- ``RunHyperparameters``: the effective global batch size and the loss weights, logged once per fit;
+- ``SaturationCheck``: a warning when the first step's distillation term already sits at its ceiling.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from mgsr_lightning.batch import Rollout
 from mgsr_lightning.evaluation.metrics import ExactMatch, MeanScore, RougeL
 from mgsr_lightning.generation.decode import decode_responses, sample
 from mgsr_lightning.generation.sampling import token_id_tensor
+from mgsr_lightning.losses.saturation import FarFromTeacherWarning, saturation_message
 from mgsr_lightning.models.export import export_student, training_settings
 from mgsr_lightning.seeding import example_seeds
 
@@ -43,17 +45,6 @@ class ValidationConfig:
     rouge_examples: int = 64
     seed: int = 10
     max_new_tokens: int | None = None
-
-
-def generate_texts(pl_module, batch: dict[str, Any]) -> list[str]:
-    """The student's sampled response to each prompt of a batch (seed ``validation.seed`` and example index)."""
-    return decode_responses(pl_module.tokenizer, _generate(pl_module, batch))
-
-
-def _generate(pl_module, batch: dict[str, Any]) -> Rollout:
-    decoding = pl_module.decoding.with_max_new_tokens(pl_module.validation_config.max_new_tokens)
-    seeds = example_seeds(pl_module.validation_config.seed, batch["example_index"].cpu())
-    return sample(pl_module.student, batch["prompt_ids"], batch["prompt_mask"], decoding, seeds=seeds)
 
 
 class ValidationCollapseWarning(UserWarning):
@@ -133,7 +124,7 @@ class GenerationMetrics(L.Callback):
 
     def _score(self, stage: str, pl_module, batch: dict[str, Any]) -> None:
         rouge_l, exact = self.metrics[stage]
-        rollout = _generate(pl_module, batch)
+        rollout = pl_module.sample_responses(batch)
         predictions = decode_responses(pl_module.tokenizer, rollout)
         rouge_l.to(pl_module.device).update(predictions, batch["references"])
         exact.to(pl_module.device).update(predictions, batch["references"])
@@ -257,3 +248,23 @@ class RunHyperparameters(L.Callback):
         global_batch = datamodule.hparams.batch_size * trainer.accumulate_grad_batches * trainer.world_size
         weights = {f"weight/{name}": value for name, value in pl_module.objective.weights.items()}
         trainer.logger.log_hyperparams({"effective_global_batch_size": global_batch, **weights})
+
+
+class SaturationCheck(L.Callback):
+    """After the run's first training step (step 0), warn with ``FarFromTeacherWarning`` when its logged
+    ``train/distill`` is a bounded divergence already near its ceiling, where its gradient nearly vanishes
+    (:func:`mgsr_lightning.losses.saturation.saturation_message` says how far and what to do)."""
+
+    def __init__(self) -> None:
+        self._first_step = False
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._first_step = trainer.global_step == 0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if not self._first_step or "train/distill" not in trainer.callback_metrics:
+            return
+        distill = pl_module.distill
+        message = saturation_message(distill.name, distill.params, float(trainer.callback_metrics["train/distill"]))
+        if message is not None:
+            rank_zero_warn(message, category=FarFromTeacherWarning)

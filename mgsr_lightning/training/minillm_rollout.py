@@ -7,7 +7,7 @@ teacher would say; the loss corrects the bias with importance weights
 (:func:`mgsr_lightning.losses.minillm.mixture_importance_weights`). Both models decode side by side
 with a growing KV cache each. The teacher's logits of every step are kept: they are the teacher's logits over
 the final responses, so the training step needs no teacher forward of its own. With α = 0 the
-student's ordinary rollout (:mod:`mgsr_lightning.training.rollout`) is used instead.
+student's ordinary rollout is used instead (:func:`mgsr_lightning.training.rollout.fresh_outputs` decides).
 
 Row b's token t is drawn at the inverse CDF of ``counter_uniforms(seeds, t)[b]``, as in
 :func:`mgsr_lightning.generation.decode.sample`, so a row's sample does not depend on the other rows.
@@ -20,13 +20,11 @@ import time
 import torch
 from torch import Tensor, nn
 
-from mgsr_lightning.batch import Rollout, positions_from_mask
+from mgsr_lightning.batch import Rollout, TrainingSequences, positions_from_mask
 from mgsr_lightning.distributed import every_rank, is_distributed, max_over_ranks
 from mgsr_lightning.generation.decode import Decoding, eval_mode
 from mgsr_lightning.generation.sampling import filter_logits, inverse_cdf, token_id_tensor
 from mgsr_lightning.seeding import counter_uniforms
-from mgsr_lightning.training.regimes import TrainingSequences
-from mgsr_lightning.training.rollout import student_rollout
 
 
 def mixed_next_tokens(
@@ -98,13 +96,11 @@ def teacher_mixed_sample(
     return Rollout(prompt_ids, prompt_mask, response_ids[:, :width], response_mask[:, :width]), teacher_logits
 
 
-def minillm_rollout(
+def teacher_mixed_rollout(
     student: nn.Module, teacher: nn.Module, prompts: Rollout, decoding: Decoding, alpha: float, seeds: Tensor,
 ) -> TrainingSequences:
-    """MiniLLM's fresh responses to ``prompts``: teacher-mixed with ``alpha`` > 0 (with the teacher's
-    logits over them), else the student's own rollout. Metrics as ``rollout.student_rollout``'s."""
-    if alpha == 0:
-        return student_rollout(student, teacher, prompts, decoding, None, seeds)
+    """MiniLLM's fresh responses to ``prompts``, teacher-mixed with ``alpha`` > 0, with the teacher's logits over
+    them. Metrics as ``rollout.student_rollout``'s."""
     started = time.perf_counter()
     rollout, teacher_logits = teacher_mixed_sample(student, teacher, prompts, decoding, alpha, seeds)
     metrics = {

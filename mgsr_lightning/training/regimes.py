@@ -24,20 +24,18 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from torch import Tensor
 
-from mgsr_lightning.batch import Rollout
+from mgsr_lightning.batch import Rollout, TrainingSequences
 from mgsr_lightning.training.seqkd_cache import load_or_generate_responses
 
 log = logging.getLogger(__name__)
 
 RegimeName = Literal["ground_truth", "on_policy", "mixed", "adaptive_off_policy", "teacher_generated"]
-Source = Literal["ground_truth", "fresh", "replay", "teacher"]
 
 
 @dataclass
@@ -81,17 +79,6 @@ SAMPLING_REGIMES = ("on_policy", "mixed", "adaptive_off_policy")
 
 class NoStudentOutputsWarning(UserWarning):
     """A run whose regime can train on student outputs never did (so SCRG, when on, never ran)."""
-
-
-@dataclass
-class TrainingSequences:
-    """A step's training sequences, where they came from, and what the rollout step computed on them."""
-
-    sequences: Rollout
-    source: Source
-    # Teacher response logits [B, R, V] over exactly ``sequences`` when SCRG computed them, else None.
-    teacher_logits: Tensor | None = None
-    metrics: dict[str, float] = field(default_factory=dict)  # rollout timings and SCRG statistics
 
 
 class Regime:

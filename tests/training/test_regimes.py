@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mgsr_lightning.batch import Rollout
-from mgsr_lightning.training.regimes import RegimeConfig, TrainingSequences, build_regime
+from mgsr_lightning.batch import Rollout, TrainingSequences
+from mgsr_lightning.training.regimes import RegimeConfig, build_regime
 
 PAD = 0
 

@@ -1,5 +1,6 @@
-"""Warnings of the package print with their class names, although Lightning's formatter drops the
-category of any file whose path contains "lightning" (every file of mgsr_lightning)."""
+"""Warnings of the package print with their class names once a LightningModule is built, although
+Lightning's formatter drops the category of any file whose path contains "lightning" (every file of
+mgsr_lightning)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ import lightning.pytorch  # Lightning's formatter first, as in every run
 import mgsr_lightning.module as module
 from lightning.pytorch.utilities import rank_zero_warn
 from mgsr_lightning.losses.saturation import FarFromTeacherWarning
+from mgsr_lightning.models.loading import ModelSource
 from mgsr_lightning.training.regimes import NoStudentOutputsWarning
+
+module.DistillLightningModule(ModelSource(config={"model_type": "gpt2"}), tokenizer="unused")  # loads nothing
 
 warnings.simplefilter("always")
 warnings.warn_explicit("the skew forward KL is 2.28 nats per token", FarFromTeacherWarning, module.__file__, 249)
@@ -23,7 +27,7 @@ warnings.warn_explicit("a warning of Lightning's own", UserWarning, lightning.py
 """
 
 
-def test_our_warnings_print_their_class_names_after_lightning_is_imported():
+def test_our_warnings_print_their_class_names_once_the_module_is_built():
     env = {**os.environ, "PYTHONWARNINGS": ""}
     result = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr

@@ -10,10 +10,9 @@ import pytest
 import torch
 from tiny_models import cli_overrides
 
-from mgsr_lightning.batch import Rollout
+from mgsr_lightning.batch import TEACHER_CACHE_KEYS, Rollout
 from mgsr_lightning.data.collate import EncodedExample
 from mgsr_lightning.data.teacher_cache import (
-    BATCH_KEYS,
     CachedTeacherCollator,
     TeacherCache,
     check_teacher,
@@ -23,9 +22,9 @@ from mgsr_lightning.errors import ConfigError, MissingFileError
 from mgsr_lightning.generation.scoring import response_logits
 from mgsr_lightning.losses.sparse_teacher import densify
 from mgsr_lightning.models.loading import ModelSource
-from mgsr_lightning.teacher_cache import needs_live_teacher, write_teacher_cache
+from mgsr_lightning.pipeline.cache_teacher import write_teacher_cache
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SETTINGS = {"template": "plain", "max_length": 40}
 
 
@@ -53,7 +52,7 @@ def test_batches_in_any_order_read_their_own_rows_and_equal_the_live_teacher_at_
     cache = TeacherCache(folder, examples, SETTINGS)
     shard = [examples[i] for i in (5, 0, 3)]  # a shuffled share of the rows, as one DDP rank reads it
     batch = CachedTeacherCollator(pad, cache)(shard)
-    cached = densify(*(batch[key] for key in BATCH_KEYS), vocab)
+    cached = densify(*(batch[key] for key in TEACHER_CACHE_KEYS), vocab)
     with torch.no_grad():
         live = torch.log_softmax(response_logits(teacher, Rollout.from_batch(batch), vocab).float(), -1)
     mask = batch["response_mask"]
@@ -91,6 +90,17 @@ def test_a_cache_made_by_another_teacher_or_over_another_vocabulary_is_refused(t
 
 
 def test_only_ground_truth_methods_without_scrg_go_without_a_live_teacher():
+    from mgsr_lightning.losses.objective import DistillLoss
+    from mgsr_lightning.module import DistillLightningModule
+    from mgsr_lightning.scrg.revise import ScrgConfig
+    from mgsr_lightning.training.regimes import RegimeConfig
+
+    def needs_live_teacher(regime: str, scrg: bool, teacher_cache: str | None) -> bool:
+        module = DistillLightningModule(ModelSource(config={"model_type": "gpt2"}), ModelSource("teacher"),
+                                        tokenizer="tokenizer", distill=DistillLoss(), regime=RegimeConfig(regime),
+                                        scrg=ScrgConfig() if scrg else None, teacher_cache=teacher_cache)
+        return module.needs_live_teacher()
+
     assert not needs_live_teacher("ground_truth", False, "cache")
     assert needs_live_teacher("ground_truth", False, None)
     assert needs_live_teacher("adaptive_off_policy", False, "cache")
@@ -118,7 +128,7 @@ def test_kd_on_the_embedded_default_trains_from_a_cache_with_the_teacher_never_l
     original = DistillLightningModule.training_step
 
     def spy(self, batch, batch_idx):
-        seen.append(batch[BATCH_KEYS[0]].shape)
+        seen.append(batch[TEACHER_CACHE_KEYS[0]].shape)
         return original(self, batch, batch_idx)
 
     monkeypatch.setattr(DistillLightningModule, "training_step", spy)
