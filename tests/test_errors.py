@@ -550,7 +550,7 @@ def test_export_from_another_folder_builds_the_student_only(trained_run, tmp_pat
 
 def test_evaluation_cache_is_reused_only_for_the_same_configuration(tiny_assets, tmp_path, monkeypatch):
     from mgsr_lightning.evaluation.evaluate import EvalConfig
-    from mgsr_lightning.pipeline import commands
+    from mgsr_lightning.pipeline import steps
 
     calls = []
 
@@ -558,14 +558,14 @@ def test_evaluation_cache_is_reused_only_for_the_same_configuration(tiny_assets,
         calls.append(config.max_examples)
         return {"method": method, "sets": {}, "config": {"max_examples": config.max_examples}}
 
-    monkeypatch.setattr(commands, "_load", lambda folder, dtype: (torch.nn.Linear(1, 1), None))
-    monkeypatch.setattr(commands, "evaluate_model", fake_evaluate)
+    monkeypatch.setattr(steps, "load_model", lambda folder, dtype: (torch.nn.Linear(1, 1), None))
+    monkeypatch.setattr(steps, "evaluate_model", fake_evaluate)
     student = tiny_assets["models"]["gpt2"]["student"]
     sets = {"tiny": [{"instruction": "a", "input": "", "output": "b"}]}
     quick, full = EvalConfig(max_examples=2), EvalConfig()
-    commands._evaluate(student, tmp_path / "eval", "KD", sets, quick)
-    commands._evaluate(student, tmp_path / "eval", "KD", sets, full)  # not the quick run's numbers
-    commands._evaluate(student, tmp_path / "eval", "KD", sets, full)  # reused
+    steps.evaluate(student, tmp_path / "eval", "KD", sets, quick)
+    steps.evaluate(student, tmp_path / "eval", "KD", sets, full)  # not the quick run's numbers
+    steps.evaluate(student, tmp_path / "eval", "KD", sets, full)  # reused
     assert calls == [2, None]
     assert json.loads((tmp_path / "eval" / "metrics.json").read_text())["config"]["max_examples"] is None
 

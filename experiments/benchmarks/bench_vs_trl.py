@@ -186,7 +186,7 @@ def method_kwargs(method: str) -> dict:
     import yaml
     from omegaconf import OmegaConf
 
-    from mgsr_lightning.cli.lightning_cli import _compose
+    from mgsr_lightning.cli.config_files import compose
     from mgsr_lightning.generation.sampling import SamplingConfig  # noqa: F401  (imported for the dataclasses below)
     from mgsr_lightning.losses.minillm import MiniLLMConfig
     from mgsr_lightning.losses.objective import DistillLoss, SpanLoss
@@ -195,7 +195,7 @@ def method_kwargs(method: str) -> dict:
 
     name = {"seqkd": "sft"}.get(method, method)  # SeqKD = SFT on the teacher's responses, sampled beforehand
     path = REPO / "configs" / "methods" / f"{name}.yaml"
-    init = OmegaConf.to_container(_compose(yaml.safe_load(path.read_text()), path.parent, ()), resolve=True)
+    init = OmegaConf.to_container(compose(yaml.safe_load(path.read_text()), path.parent, ()), resolve=True)
     init = dict(init["model"]["init_args"])
     if method in ("gkd", "distillm", "abkd", "mgsr"):
         init["regime"] = {**init.get("regime", {}), "name": "on_policy"}

@@ -23,7 +23,6 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from mgsr_lightning.atomic import AtomicCheckpointIO
-from mgsr_lightning.cli.config_files import compose as _compose  # noqa: F401  (experiments import it from here)
 from mgsr_lightning.cli.config_files import load_config_text
 from mgsr_lightning.cli.run_lock import ExportLock, export_lock
 from mgsr_lightning.cli.validation import CKPT_KEYWORDS, check_checkpoint, check_run_config

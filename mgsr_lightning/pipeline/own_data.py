@@ -36,6 +36,7 @@ from mgsr_lightning.cli.config_files import config_texts
 from mgsr_lightning.cli.validation import at_least, writable_folder
 from mgsr_lightning.data.records import read_jsonl
 from mgsr_lightning.errors import ConfigError, MissingFileError
+from mgsr_lightning.missing import ROOT_ENVS
 from mgsr_lightning.pipeline.checks import TOKENIZER_FILES
 from mgsr_lightning.pipeline.manifest import Manifest, file_sha256, fingerprint
 from mgsr_lightning.pipeline.own_data_checks import (
@@ -48,7 +49,7 @@ from mgsr_lightning.pipeline.own_data_checks import (
     same_file,
 )
 from mgsr_lightning.pipeline.own_tokenizer import planned_tokenizer, tokenizer_step
-from mgsr_lightning.pipeline.paths import CONFIGS, ROOT_ENVS, composed_config, config_path, configured_root, environment
+from mgsr_lightning.pipeline.paths import CONFIGS, composed_config, config_path, configured_root, environment
 
 log = logging.getLogger(__name__)
 

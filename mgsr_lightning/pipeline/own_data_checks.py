@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from mgsr_lightning.errors import ConfigError, MissingFileError
-from mgsr_lightning.pipeline.paths import ROOT_ENVS, composed_config
+from mgsr_lightning.missing import ROOT_ENVS
+from mgsr_lightning.pipeline.paths import composed_config
 
 SPLITS = ("train", "validation", "test")
 SPLIT_FILE_NAMES = {"train": ("train.jsonl",), "validation": ("validation.jsonl", "valid.jsonl", "val.jsonl"),

@@ -19,9 +19,10 @@ from mgsr_lightning.data.tasks.knowledge import write_facts_dataset
 from mgsr_lightning.data.tasks.reasoning import write_reason_dataset
 from mgsr_lightning.data.tasks.tiny import write_tiny_dataset
 from mgsr_lightning.data.templates import render_prompt
+from mgsr_lightning.missing import ROOT_ENVS, TINY_ROOT_ENV
 from mgsr_lightning.models.tokenizer import train_bpe_tokenizer
 from mgsr_lightning.pipeline.manifest import Manifest
-from mgsr_lightning.pipeline.paths import ROOT_ENVS, TINY_ROOT_ENV, config_path, configured_root, environment
+from mgsr_lightning.pipeline.paths import config_path, configured_root, environment
 
 log = logging.getLogger(__name__)
 
