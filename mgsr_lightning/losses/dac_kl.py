@@ -46,10 +46,11 @@ Cost: one sort of each row plus about ten elementwise passes more than the base.
 variant over forward KL, or over ``alpha_beta`` with α > 0 and β > 0, with a constant teacher (training)
 sorts and runs ``RestKL`` (:mod:`mgsr_lightning.losses.dac_kl_backward`, the bases' terms in
 :mod:`mgsr_lightning.losses.dac_kl_terms`) in blocks of rows, its backward written out, bf16 and fp16
-teachers sorted on 16-bit keys: 1.3 times forward KL over forward KL, 1.4 times over alpha_beta (0.2, 0.7)
-at V = 50,257, measured on a loaded 2-core CPU (docs/dac_kl.md, "Cost", "Ties"); ``written_backward=False``
-runs the taped formulas, the reference the tests compare it with. Other bases and α-β's limits (β = 0,
-α = 0, α = −β, negative powers) run taped (about 5 times). Real vocabularies want ``chunk_size``.
+teachers sorted on 16-bit keys; ``written_backward=False`` runs the taped formulas, the reference the
+tests compare it with. Other bases and α-β's limits (β = 0, α = 0, α = −β, negative powers) run taped.
+What each path costs against forward KL is measured by ``experiments/benchmarks/bench_dac_kl_cost.py``
+(figures: docs/dac_kl.md, "Cost", "Ties", and ``experiments/results/speed/``). Real vocabularies want
+``chunk_size``.
 """
 
 from __future__ import annotations

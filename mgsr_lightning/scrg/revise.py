@@ -16,10 +16,9 @@ Criteria (``ScrgConfig.criterion``):
   the largest divergence tends to sit late in a response that already went wrong much earlier.
 - ``max_teacher_nll``: j = argmax_i −log p_teacher(y_i | prefix), the token the teacher finds least likely.
 
-On the tiny pair, ``first_unlikely`` (p < 0.02) lowers the teacher's NLL of the revised rollouts about
-twice as much as ``max_difference`` with one correction and 2.5-3× as much with 3 or 5
-(``experiments/probes/scrg_criteria.py``; ``experiments/results/scrg/criteria.txt``). ``revise`` reports
-that NLL before and after revision.
+On the tiny pair, ``first_unlikely`` (p < 0.02) lowers the teacher's NLL of the revised rollouts more
+than ``max_difference`` does (measured by ``experiments/probes/scrg_criteria.py``; the figures:
+``experiments/results/scrg/criteria.txt``). ``revise`` reports that NLL before and after revision.
 
 ``find_error_positions`` (:mod:`mgsr_lightning.scrg.error_search`) is the pure scoring step on
 response-aligned logits; ``revise`` runs the forwards, the corrections and one batched re-generation
