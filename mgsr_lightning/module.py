@@ -83,8 +83,9 @@ class DistillLightningModule(L.LightningModule):
         regime: Where the training sequences come from.
         scrg: Sequence correction and re-generation applied to every fresh student output; None = off.
         sampling: Sampling of student rollouts (DistiLLM/MiniLLM: T=1, top_k=0, top_p=1).
-        decoding: How the rollouts' decode loop runs: a preallocated (static) KV cache (default) and
-            ``compile: true`` to run its one-token step under torch.compile; the tokens are the same.
+        decoding: How the rollouts' decode loop runs: a growing KV cache (default), ``static_cache: true`` for
+            one preallocated at the rollout's final length, and with it ``compile: true`` to run the one-token
+            step under torch.compile; the tokens are the same.
         optimizer: Optimizer and schedule.
         validation: Validation generation metrics.
         export_dir: Folder the student is saved to in Hugging Face format at the end of fit (the

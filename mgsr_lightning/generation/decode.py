@@ -4,9 +4,10 @@
 offer: per-row random streams (so a row's sample depends only on its own seed,
 :func:`mgsr_lightning.generation.sampling.choose_tokens`) and a per-row length cap. What it needs besides the
 model, prompts and seeds is one :class:`Decoding`: the sampling config, the decode loop's config, the
-special ids and the limits, built once by the caller. By default its KV cache is preallocated at the
-rollout's final length and written in place (:mod:`mgsr_lightning.generation.kv_cache`), so the one-token step
-has fixed shapes and can be compiled. It can also continue from a KV cache the caller already holds
+special ids and the limits, built once by the caller. By default its KV cache grows by one column per
+step; with ``decoding.loop.static_cache`` it is preallocated at the rollout's final length and written in
+place (:mod:`mgsr_lightning.generation.kv_cache`), so the one-token step has fixed shapes and can be
+compiled (``decoding.loop.compile``). It can also continue from a KV cache the caller already holds
 (:func:`mgsr_lightning.generation.kv_cache.realigned_cache`), which is how SCRG re-generates without
 re-encoding the kept prefix.
 

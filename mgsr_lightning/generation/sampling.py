@@ -55,8 +55,8 @@ class DecodingConfig:
         static_cache: preallocate each rollout's KV cache once at its final length (prompt + response
             budget; transformers' ``StaticCache``) and write every step in place, so every one-token
             step has the same shapes. False (the default): a ``DynamicCache`` that grows by one column per
-            step. On a CPU the two decode at the same speed (tiny pair, 8 x 64 tokens); the static cache
-            pays off with ``compile``, on a GPU. It needs a transformers model (its ``config``).
+            step. What each costs is measured by ``experiments/benchmarks/bench_decode.py`` (figures:
+            ``experiments/results/speed/README.md``). It needs a transformers model (its ``config``).
         compile: run the one-token step under ``torch.compile`` (needs ``static_cache``); on CUDA in
             ``reduce-overhead`` mode, which captures it as a CUDA graph. The first rollouts of each
             shape pay the compilation.
