@@ -17,10 +17,11 @@ from typing import Any
 import yaml
 from jsonargparse import set_loader
 from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import RichProgressBar
+from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.utilities.imports import _RICH_AVAILABLE
 
 from mgsr_lightning.atomic import AtomicCheckpointIO
 from mgsr_lightning.cli.config_files import load_config_text
@@ -212,10 +213,14 @@ class DistillCLI(LightningCLI):
                 self._resume_step = int(check_checkpoint(ckpt_path).get("global_step", 0))
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        config = self._get(self.config_init, "trainer", default={})
+        configured = config.get("callbacks") or []
+        configured = configured if isinstance(configured, list) else [configured]
+        if (config.get("enable_progress_bar") is not False and _RICH_AVAILABLE
+                and not any(isinstance(callback, ProgressBar) for callback in configured)):
+            # where Lightning would add its default RichProgressBar: ours, whose description reads right
+            kwargs["callbacks"] = [*configured, StepLimitedRichProgressBar()]
         trainer = super().instantiate_trainer(**kwargs)
-        for callback in trainer.callbacks:
-            if type(callback) is RichProgressBar:  # the default bar: same state, the description fixed
-                callback.__class__ = StepLimitedRichProgressBar
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
         teacher_cache = getattr(self.datamodule, "hparams", {}).get("teacher_cache") if self.datamodule else None
