@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
         if command.function is not None:
             _run_pipeline(command, name, argv[1:])
             return
-        from mgsr_lightning.cli import run_cli
+        from mgsr_lightning.cli.lightning_cli import run_cli
 
         if from_command_line:
             sys.argv[1:] = argv  # LightningCLI reads sys.argv itself (given both, it warns)

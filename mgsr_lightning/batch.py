@@ -15,15 +15,25 @@ Prompts are left-padded (all prompts end at the same column, so generation conti
 responses right-padded, so each row's real tokens are contiguous and its positions start at 0
 whatever the padding; that is what makes a row's result independent of the batch it is in. Losses,
 replay and teacher-logit reuse never convert between layouts.
+
+A training step's sequences travel as :class:`TrainingSequences`: the rollout, where it came from
+(:data:`Source`), and what the rollout step computed on it. A batch read with a teacher cache carries the
+cache's entries under :data:`TEACHER_CACHE_KEYS`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 from torch import Tensor
+
+Source = Literal["ground_truth", "fresh", "replay", "teacher"]
+#: a teacher cache's entries in a batch, response-aligned: top-k ids [B, R, k], their log-probabilities [B, R, k],
+#: and the log of the other tokens' mass [B, R] (:mod:`mgsr_lightning.losses.sparse_teacher` reads them)
+TEACHER_CACHE_KEYS = ("teacher_top_ids", "teacher_top_logprobs", "teacher_rest_logprob")
 
 
 def pad_sequences(sequences: Sequence[Sequence[int]], pad_id: int, side: str) -> tuple[Tensor, Tensor]:
@@ -147,3 +157,14 @@ class Rollout:
             "attention_mask": attention_mask.long(),
             "position_ids": positions_from_mask(attention_mask),
         }
+
+
+@dataclass
+class TrainingSequences:
+    """A step's training sequences, where they came from, and what the rollout step computed on them."""
+
+    sequences: Rollout
+    source: Source
+    # Teacher response logits [B, R, V] over exactly ``sequences`` when SCRG computed them, else None.
+    teacher_logits: Tensor | None = None
+    metrics: dict[str, float] = field(default_factory=dict)  # rollout timings and SCRG statistics

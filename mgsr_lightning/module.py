@@ -1,13 +1,16 @@
 """``DistillLightningModule``: one LightningModule for SFT, the KD baselines and MGSR.
 
 A training step wires named pieces together and holds no loss math or generation loop itself:
-the **regime** (:mod:`.regimes`) picks the training sequences (ground truth, replay, cached teacher
-outputs, or fresh ones from :mod:`.rollout`: student samples revised by SCRG, with SCRG's teacher
-logits); student and teacher logits over them; the **objective** (:mod:`.losses.objective`) sums
-the weighted ``sft``, ``distill`` and ``span`` terms; one log. Validation generation metrics,
-SeqKD's teacher answers, the export and the resume state are callbacks (:mod:`.callbacks`,
-:mod:`.resume`) the module adds itself; the validation, test and predict steps (:mod:`.held_out`) and
-the checkpoint hooks that keep the teacher out (:mod:`.checkpoint_state`) are mixins.
+the **regime** (:mod:`.training.regimes`) picks the training sequences (ground truth, replay, cached
+teacher outputs, or fresh ones from :func:`.training.rollout.fresh_outputs`: student samples revised
+by SCRG, with SCRG's teacher logits, or MiniLLM's teacher-mixed samples); student and teacher logits
+over them (the teacher's from the rollout, the teacher cache or a live forward:
+:meth:`DistillLightningModule.step_teacher_logits`); the **objective** (:mod:`.losses.objective`) sums
+the weighted ``sft``, ``distill`` and ``span`` terms; one log. Validation generation metrics, SeqKD's
+teacher answers, the export, the resume state and the first step's saturation check are callbacks
+(:mod:`.training.callbacks`, :mod:`.training.resume`) the module adds itself. Its validation, test and
+predict steps score and sample the student on held-out ground truth; its checkpoints hold everything
+but the frozen teacher.
 
 Every method of the paper's tables is a choice of these pieces (see ``configs/``). For a new model
 pair, subclass and override :meth:`load_student` / :meth:`load_teacher` (and :meth:`load_tokenizer`
@@ -28,40 +31,40 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 from transformers import PreTrainedModel
 
-from mgsr_lightning.batch import Rollout
-from mgsr_lightning.callbacks import (
+from mgsr_lightning.batch import TEACHER_CACHE_KEYS, Rollout, TrainingSequences
+from mgsr_lightning.generation.decode import Decoding, decode_responses, sample
+from mgsr_lightning.generation.sampling import DecodingConfig, SamplingConfig
+from mgsr_lightning.generation.scoring import response_logits
+from mgsr_lightning.losses.minillm import MiniLLMConfig
+from mgsr_lightning.losses.objective import DistillLoss, Objective, SpanLoss, build_clip_net, response_cross_entropy
+from mgsr_lightning.losses.sparse_teacher import densify
+from mgsr_lightning.models.loading import ModelSource, check_pair_vocabularies, load_causal_lm
+from mgsr_lightning.models.tokenizer import load_tokenizer, token_id
+from mgsr_lightning.scrg.revise import ScrgConfig
+from mgsr_lightning.seeding import example_seeds, rollout_seeds
+from mgsr_lightning.spans.token_prior import build_span_prior
+from mgsr_lightning.training.callbacks import (
     ExportStudent,
     GenerationMetrics,
     RunHyperparameters,
+    SaturationCheck,
     TeacherResponses,
     ValidationConfig,
 )
-from mgsr_lightning.checkpoint_state import TeacherOutOfCheckpoints
-from mgsr_lightning.generation import Decoding, DecodingConfig, SamplingConfig, response_logits
-from mgsr_lightning.held_out import HeldOutSteps
-from mgsr_lightning.losses.minillm import MiniLLMConfig
-from mgsr_lightning.losses.objective import DistillLoss, Objective, SpanLoss, build_clip_net
-from mgsr_lightning.losses.saturation import FarFromTeacherWarning, saturation_message
-from mgsr_lightning.minillm_rollout import minillm_rollout
-from mgsr_lightning.models import ModelSource, check_pair_vocabularies, load_causal_lm
-from mgsr_lightning.optim import OptimizerConfig, build_optimizer, clip_gradients, no_decay_names, parameter_groups
-from mgsr_lightning.regimes import NoStudentOutputsWarning, RegimeConfig, TrainingSequences, build_regime
-from mgsr_lightning.resume import ResumeState
-from mgsr_lightning.rollout import student_rollout
-from mgsr_lightning.scrg import ScrgConfig
-from mgsr_lightning.seeding import rollout_seeds
-from mgsr_lightning.spans import build_span_prior
-from mgsr_lightning.teacher_cache import cached_teacher_logits, check_teacher, needs_live_teacher
-from mgsr_lightning.tokenizer import load_tokenizer, token_id
-from mgsr_lightning.warning_format import show_category_names
-
-show_category_names()  # Lightning's formatter drops the category of warnings from files named *lightning*
-
-# The teacher is in eval mode on purpose (no dropout); Lightning warns about any module in eval mode.
-warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode at the start of training")
+from mgsr_lightning.training.optim import (
+    OptimizerConfig,
+    build_optimizer,
+    clip_gradients,
+    no_decay_names,
+    parameter_groups,
+)
+from mgsr_lightning.training.regimes import NoStudentOutputsWarning, RegimeConfig, build_regime
+from mgsr_lightning.training.resume import ResumeState
+from mgsr_lightning.training.rollout import fresh_outputs
+from mgsr_lightning.training.warning_format import show_category_names
 
 
-class DistillLightningModule(TeacherOutOfCheckpoints, HeldOutSteps, L.LightningModule):
+class DistillLightningModule(L.LightningModule):
     """Distil ``teacher`` into ``student`` with SFT, a KD baseline or MGSR, chosen by configuration.
 
     Args:
@@ -80,8 +83,9 @@ class DistillLightningModule(TeacherOutOfCheckpoints, HeldOutSteps, L.LightningM
         regime: Where the training sequences come from.
         scrg: Sequence correction and re-generation applied to every fresh student output; None = off.
         sampling: Sampling of student rollouts (DistiLLM/MiniLLM: T=1, top_k=0, top_p=1).
-        decoding: How the rollouts' decode loop runs: a preallocated (static) KV cache (default) and
-            ``compile: true`` to run its one-token step under torch.compile; the tokens are the same.
+        decoding: How the rollouts' decode loop runs: a growing KV cache (default), ``static_cache: true`` for
+            one preallocated at the rollout's final length, and with it ``compile: true`` to run the one-token
+            step under torch.compile; the tokens are the same.
         optimizer: Optimizer and schedule.
         validation: Validation generation metrics.
         export_dir: Folder the student is saved to in Hugging Face format at the end of fit (the
@@ -116,12 +120,15 @@ class DistillLightningModule(TeacherOutOfCheckpoints, HeldOutSteps, L.LightningM
         teacher_cache: str | None = None,
     ):
         super().__init__()
+        show_category_names()  # Lightning's formatter drops the category of warnings from files named *lightning*
+        # The teacher is in eval mode on purpose (no dropout); Lightning warns about any module in eval mode.
+        warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode at the start of training")
         self.save_hyperparameters()
         if teacher is not None and teacher.name_or_path is None and teacher.config is None:
             teacher = None  # settings without a model (a preset's dtype under an SFT config): no teacher
-        needs_teacher = (distill is not None or minillm is not None or span.weight > 0 or scrg is not None
-                         or regime.name == "teacher_generated")
-        if needs_teacher and teacher is None:
+        self.objective = Objective(sft_weight, sft_on, distill, span, minillm=minillm)
+        self.regime_config, self.scrg, self.teacher_cache = regime, scrg, teacher_cache
+        if self.needs_teacher() and teacher is None:
             raise ValueError("this configuration uses the teacher (distill, minillm, span, SCRG or teacher_generated) "
                              "but `teacher` is unset")
         if minillm is not None and (regime.name != "on_policy" or scrg is not None):
@@ -131,17 +138,21 @@ class DistillLightningModule(TeacherOutOfCheckpoints, HeldOutSteps, L.LightningM
         if self.tokenizer_name is None:
             raise ValueError("set `tokenizer`: neither the student nor the teacher is loaded from a folder or hub id")
         self.eos_token, self.max_length = eos_token, max_length
-        self.distill, self.minillm, self.span, self.regime_config, self.scrg = distill, minillm, span, regime, scrg
+        self.distill, self.minillm, self.span = distill, minillm, span
         self.decoding_config = decoding
         self.sampling, self.optimizer_config, self.validation_config = sampling, optimizer, validation
-        self.export_dir, self.seed, self.teacher_cache = export_dir, seed, teacher_cache
+        self.export_dir, self.seed = export_dir, seed
         self.clip_net = build_clip_net(distill)
-        self.objective = Objective(sft_weight, sft_on, distill, span, clip_net=self.clip_net, minillm=minillm)
+        self.objective.clip_net = self.clip_net
+        # built by configure_model (the Trainer calls it once, sharded under FSDP) or on checkpoint load
         self.student: PreTrainedModel | None = None
         self.teacher: PreTrainedModel | None = None
         self.tokenizer = None
+        self.eos_token_id: int | None = None
+        self.vocab_size: int | None = None  # the vocabulary teacher and student share; logits are cut to it
         self.regime = None
         self.decoding: Decoding | None = None
+        self._no_decay_names: set[str] = set()
         self.val_loss = MeanMetric()
         self.test_loss = MeanMetric()
 
@@ -183,16 +194,13 @@ class DistillLightningModule(TeacherOutOfCheckpoints, HeldOutSteps, L.LightningM
     def configure_model(self) -> None:
         """Load tokenizer, student and teacher once (called by the Trainer; sharded under FSDP)."""
         self._build_student_side()
-        if self.teacher is None and self.teacher_source is not None and needs_live_teacher(
-                self.regime_config.name, self.scrg is not None, self.teacher_cache):
+        if self.teacher is None and self.teacher_source is not None and self.needs_live_teacher():
             teacher = self.load_teacher()
             teacher.eval()
             teacher.requires_grad_(False)
             self.teacher = teacher
         self.vocab_size = check_pair_vocabularies(self.tokenizer, self.student, self.teacher, self.student_source,
                                                   self.teacher_source)
-        if self.teacher_cache is not None and self.teacher_source is not None:
-            check_teacher(self.teacher_cache, self.teacher_source, self.vocab_size)
         self._no_decay_names = no_decay_names(self.student)
         # Every forward is a collective when parameters are sharded: ranks decode in lockstep.
         synced = self._trainer is not None and self.trainer.world_size > 1
@@ -204,6 +212,8 @@ class DistillLightningModule(TeacherOutOfCheckpoints, HeldOutSteps, L.LightningM
     def configure_callbacks(self) -> list[L.Callback]:
         callbacks: list[L.Callback] = [ResumeState(), RunHyperparameters(),
                                        GenerationMetrics(self.validation_config.rouge_examples)]
+        if self.distill is not None:
+            callbacks.append(SaturationCheck())
         if self.regime_config.name == "teacher_generated":
             callbacks.append(TeacherResponses())
         if self.export_dir is not None:
@@ -216,27 +226,57 @@ class DistillLightningModule(TeacherOutOfCheckpoints, HeldOutSteps, L.LightningM
             self.teacher.eval()  # the teacher never trains: no dropout even in training mode
         return self
 
+    # ---- the teacher: whether a run reads it, whether it loads it, where a step's logits come from ---
+
+    def needs_teacher(self) -> bool:
+        """Whether any piece of a training step reads the teacher: a loss term over its logits, SCRG, or
+        SeqKD's generated responses."""
+        return self.objective.uses_teacher or self.scrg is not None or self.regime_config.name == "teacher_generated"
+
+    def needs_live_teacher(self) -> bool:
+        """Whether the run loads the teacher: always without a teacher cache; with one (``teacher_cache``),
+        only when some training sequences are not the ground truth (student samples, replay, SeqKD's
+        generation) or SCRG is on."""
+        return self.teacher_cache is None or self.regime_config.name != "ground_truth" or self.scrg is not None
+
+    def step_teacher_logits(self, batch: dict[str, Any], step: TrainingSequences) -> Tensor | None:
+        """The teacher's [B, R, V] logits over the step's sequences, or None when no loss term reads them: those
+        the rollout computed (SCRG, MiniLLM's teacher-mixed samples), else on a ground-truth step the teacher
+        cache's entries carried by the batch, else a forward of the live teacher."""
+        if step.teacher_logits is not None or not self.objective.uses_teacher:
+            return step.teacher_logits
+        if step.source == "ground_truth" and TEACHER_CACHE_KEYS[0] in batch:
+            return densify(*(batch[key] for key in TEACHER_CACHE_KEYS), self.vocab_size)
+        return self.teacher_logits(step.sequences)
+
+    @torch.no_grad()
+    def teacher_logits(self, sequences: Rollout) -> Tensor:
+        return self.logits(self.teacher, sequences)
+
     # ---- the pieces a step is made of ------------------------------------------------------------
 
     def logits(self, model: PreTrainedModel, sequences: Rollout) -> Tensor:
         """[B, R, V] logits predicting each response token, cut to the shared vocabulary."""
         return response_logits(model, sequences, self.vocab_size)
 
-    @torch.no_grad()
-    def teacher_logits(self, sequences: Rollout) -> Tensor:
-        return self.logits(self.teacher, sequences)
-
     def student_outputs(self, ground_truth: Rollout) -> TrainingSequences:
-        """Fresh responses to the prompts: ``student_rollout`` (SCRG-revised when on) or ``minillm_rollout``."""
+        """Fresh responses to the prompts (:func:`~mgsr_lightning.training.rollout.fresh_outputs`): the student's,
+        SCRG-revised when it is on, or MiniLLM's teacher-mixed ones."""
         on_trainer = self._trainer is not None
         seeds = rollout_seeds(
             self.seed, self.trainer.fit_loop.total_batch_idx if on_trainer else 0, ground_truth.batch_size,
             rank=self.global_rank if on_trainer else 0, world_size=self.trainer.world_size if on_trainer else 1,
         )
-        if self.minillm is not None:
-            return minillm_rollout(self.student, self.teacher, ground_truth, self.decoding, self.minillm.teacher_mix,
-                                   seeds)
-        return student_rollout(self.student, self.teacher, ground_truth, self.decoding, self.scrg, seeds)
+        return fresh_outputs(self.student, self.teacher, ground_truth, self.decoding, seeds, scrg=self.scrg,
+                             minillm=self.minillm)
+
+    def sample_responses(self, batch: dict[str, Any]) -> Rollout:
+        """The student's sampled response to each prompt of a batch, each example with its own seed
+        (``validation.seed`` and its index) and ``validation.max_new_tokens``: what ``predict`` writes and
+        validation and test score (:class:`~mgsr_lightning.training.callbacks.GenerationMetrics`)."""
+        decoding = self.decoding.with_max_new_tokens(self.validation_config.max_new_tokens)
+        seeds = example_seeds(self.validation_config.seed, batch["example_index"].cpu())
+        return sample(self.student, batch["prompt_ids"], batch["prompt_mask"], decoding, seeds=seeds)
 
     @property
     def progress(self) -> float:
@@ -257,28 +297,15 @@ class DistillLightningModule(TeacherOutOfCheckpoints, HeldOutSteps, L.LightningM
         ground_truth_logits = None
         if self.objective.sft_on_ground_truth and sequences is not ground_truth:
             ground_truth_logits = self.logits(self.student, ground_truth)
-        teacher_logits = step.teacher_logits
-        if teacher_logits is None and self.objective.uses_teacher:  # ground truth: from the teacher cache if any
-            teacher_logits = cached_teacher_logits(batch, step, self.vocab_size)
-        if teacher_logits is None and self.objective.uses_teacher:
-            teacher_logits = self.teacher_logits(sequences)
+        teacher_logits = self.step_teacher_logits(batch, step)
         # 3. the loss terms and their weighted sum
         measure = self.span.grad_ratio_every > 0 and self.global_step % self.span.grad_ratio_every == 0
         loss, metrics = self.objective(
             sequences, student_logits, teacher_logits, ground_truth, ground_truth_logits, measure
         )
-        if self.global_step == 0 and "train/distill" in metrics:  # a bounded term already at its ceiling
-            message = saturation_message(
-                self.distill.name, self.distill.params, float(metrics["train/distill"].detach())
-            )
-            if message is not None:
-                rank_zero_warn(message, category=FarFromTeacherWarning)
         # 4. one log of the step
         self.log("train/loss", loss, prog_bar=True, batch_size=ground_truth.batch_size)
-        lr = self.optimizers().param_groups[0]["lr"]
-        metrics |= self.regime.step_metrics(step) | {
-            "train/tokens_compared": sequences.response_mask.sum(), "train/lr": lr
-        }
+        metrics |= self.regime.step_metrics(step) | {"train/tokens_compared": sequences.response_mask.sum()}
         self.log_dict(_as_floats(metrics), on_step=True, on_epoch=False)
         return loss
 
@@ -294,6 +321,57 @@ class DistillLightningModule(TeacherOutOfCheckpoints, HeldOutSteps, L.LightningM
         groups = parameter_groups(self.student, self.optimizer_config, self._no_decay_names, self.clip_net,
                                   self.distill.clip_net_lr if self.clip_net is not None else None)
         return build_optimizer(groups, self.optimizer_config, int(self.trainer.estimated_stepping_batches))
+
+    # ---- validation, test, predict: the student on held-out ground truth ---------------------------
+
+    def _score_loss(self, batch: dict[str, Any], metric: MeanMetric, name: str, **log_kwargs) -> None:
+        """Update and log ``metric`` with the batch's response cross-entropy."""
+        ground_truth = Rollout.from_batch(batch)
+        loss = response_cross_entropy(self.logits(self.student, ground_truth), ground_truth)
+        metric.update(loss, weight=ground_truth.response_mask.sum())
+        self.log(name, metric, batch_size=ground_truth.batch_size, **log_kwargs)
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        """Validation loss (ROUGE-L and exact match: ``GenerationMetrics``)."""
+        self._score_loss(batch, self.val_loss, "val/loss", prog_bar=True)
+
+    def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        """Loss over the whole test split (ROUGE-L and exact match, one sampling seed: ``GenerationMetrics``).
+
+        For the paper's protocol (five sampling seeds, several evaluation sets) use ``evaluate``.
+        """
+        self._score_loss(batch, self.test_loss, "test/loss")
+
+    def predict_step(self, batch: dict[str, Any], batch_idx: int) -> list[dict[str, Any]]:
+        """The student's sampled response to each prompt of the batch, with its example index."""
+        predictions = decode_responses(self.tokenizer, self.sample_responses(batch))
+        return [
+            {"example_index": int(index), "prediction": text, "references": references}
+            for index, text, references in zip(batch["example_index"].tolist(), predictions, batch["references"])
+        ]
+
+    def on_validation_epoch_end(self) -> None:
+        """Hand the validation loss to the regime (DistiLLM's adaptive threshold reads it)."""
+        if not self.trainer.sanity_checking and self.regime is not None and self.val_loss.update_count:
+            self.regime.on_validation_loss(float(self.val_loss.compute()))
+
+    # ---- checkpoints: everything but the frozen teacher --------------------------------------------
+    # The teacher's weights come from its own folder and never change: they are dropped from every saved
+    # state_dict and put back from the loaded teacher when a checkpoint's state is loaded, so strict loading
+    # still works. The regime's and the random generators' states are saved by ``ResumeState``.
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if not k.startswith("teacher.")}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self._build_student_side()  # `load_from_checkpoint` builds the module without the Trainer
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        if self.teacher is not None:
+            state_dict = dict(state_dict)
+            for key, value in self.teacher.state_dict().items():
+                state_dict.setdefault(f"teacher.{key}", value)
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
 
 def _as_floats(values: dict[str, Any]) -> dict[str, Tensor | float]:

@@ -16,7 +16,7 @@ import pytest
 import torch
 from tiny_models import build_tiny_model
 
-from mgsr_lightning.tokenizer import train_bpe_tokenizer
+from mgsr_lightning.models.tokenizer import train_bpe_tokenizer
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -69,7 +69,7 @@ def tiny_assets(tmp_path_factory):
     Returns a dict with ``root``, ``tokenizer`` and ``data`` folders and ``models[family]["teacher"|"student"]``.
     """
     from mgsr_lightning.data.records import read_jsonl
-    from mgsr_lightning.data.tiny_tasks import write_tiny_dataset
+    from mgsr_lightning.data.tasks.tiny import write_tiny_dataset
 
     root = tmp_path_factory.mktemp("tiny_assets")
     paths = write_tiny_dataset(root / "data", {"train": 96, "validation": 20, "test": 20}, seed=0)

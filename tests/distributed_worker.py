@@ -8,8 +8,9 @@ import torch.distributed as dist
 from tiny_models import build_tiny_model
 
 from mgsr_lightning.batch import Rollout
-from mgsr_lightning.generation import Decoding, SamplingConfig, sample
-from mgsr_lightning.scrg import ScrgConfig, revise
+from mgsr_lightning.generation.decode import Decoding, sample
+from mgsr_lightning.generation.sampling import SamplingConfig
+from mgsr_lightning.scrg.revise import ScrgConfig, revise
 
 VOCAB, EOS, PAD = 40, 0, 1
 # Rank 0 has short prompts and a tight length cap, rank 1 long ones: they finish at different steps.

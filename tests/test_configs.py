@@ -10,8 +10,8 @@ import pytest
 import yaml
 from tiny_models import cli_overrides
 
-from mgsr_lightning.cli import load_config_text, run_cli
-from mgsr_lightning.scrg import ScrgConfig
+from mgsr_lightning.cli.lightning_cli import load_config_text, run_cli
+from mgsr_lightning.scrg.revise import ScrgConfig
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 PAIRS = {"tiny": "gpt2", "reason": "gpt2", "facts": "gpt2", "gpt2": "gpt2", "opt": "opt", "openllama2": "llama",
@@ -215,15 +215,15 @@ def test_smollm2_student_is_cut_from_the_teacher():
 
 
 def test_reason_students_start_from_the_sft_initialised_student(monkeypatch, tmp_path):
-    from mgsr_lightning.pipeline import commands
+    from mgsr_lightning.pipeline import steps
 
     trained = []
     def fake_fit(pair, method, run_dir, seed, env):
         trained.append((method, run_dir, seed))
         return run_dir / "hf"
 
-    monkeypatch.setattr(commands, "_fit", fake_fit)
-    overrides = commands._initialised_student("reason", tmp_path, 1, {})
+    monkeypatch.setattr(steps, "fit", fake_fit)
+    overrides = steps.initialised_student("reason", tmp_path, 1, {})
     assert trained == [("init", tmp_path / "init" / "seed1", 1)]
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer), pytest.raises(SystemExit):
@@ -231,7 +231,7 @@ def test_reason_students_start_from_the_sft_initialised_student(monkeypatch, tmp
     student = yaml.safe_load(buffer.getvalue())["model"]["init_args"]["student"]
     assert student["name_or_path"] == str((tmp_path / "init" / "seed1" / "hf").resolve())
     assert student["config"] is None  # the init student's weights, not a fresh model from the base config
-    assert commands._initialised_student("tiny", tmp_path, 1, {}) == ()  # no init stage: from scratch
+    assert steps.initialised_student("tiny", tmp_path, 1, {}) == ()  # no init stage: from scratch
 
 
 @pytest.mark.parametrize("pair", ["reason", "facts"])

@@ -35,7 +35,7 @@ def test_synced_sampling_and_scrg_match_unsynced_across_two_ranks(tmp_path):
 
 
 def test_fsdp_policy_wraps_decoder_layers_and_the_frozen_teacher():
-    from mgsr_lightning.strategies import DecoderLayerFSDP
+    from mgsr_lightning.training.strategies import DecoderLayerFSDP
 
     strategy = DecoderLayerFSDP(["transformers.models.llama.modeling_llama.LlamaDecoderLayer"])
     policy = strategy.kwargs["auto_wrap_policy"]

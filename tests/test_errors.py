@@ -21,7 +21,7 @@ import torch
 from tiny_models import cli_overrides, last_checkpoint
 
 from mgsr_lightning.__main__ import main
-from mgsr_lightning.cli import run_cli
+from mgsr_lightning.cli.lightning_cli import run_cli
 from mgsr_lightning.errors import user_message
 
 REPO = Path(__file__).resolve().parents[1]
@@ -445,7 +445,7 @@ def test_non_finite_loss_stops_with_step_and_batch_and_keeps_the_last_good_check
 def test_a_second_fit_on_the_same_export_folder_is_refused(tiny_assets, tmp_path, capsys, monkeypatch):
     from lightning.pytorch import Trainer
 
-    from mgsr_lightning.run_lock import lock_path
+    from mgsr_lightning.cli.run_lock import lock_path
 
     export_dir = tmp_path / "students" / "kd"
     lock = lock_path(export_dir)
@@ -550,7 +550,7 @@ def test_export_from_another_folder_builds_the_student_only(trained_run, tmp_pat
 
 def test_evaluation_cache_is_reused_only_for_the_same_configuration(tiny_assets, tmp_path, monkeypatch):
     from mgsr_lightning.evaluation.evaluate import EvalConfig
-    from mgsr_lightning.pipeline import commands
+    from mgsr_lightning.pipeline import steps
 
     calls = []
 
@@ -558,14 +558,14 @@ def test_evaluation_cache_is_reused_only_for_the_same_configuration(tiny_assets,
         calls.append(config.max_examples)
         return {"method": method, "sets": {}, "config": {"max_examples": config.max_examples}}
 
-    monkeypatch.setattr(commands, "_load", lambda folder, dtype: (torch.nn.Linear(1, 1), None))
-    monkeypatch.setattr(commands, "evaluate_model", fake_evaluate)
+    monkeypatch.setattr(steps, "load_model", lambda folder, dtype: (torch.nn.Linear(1, 1), None))
+    monkeypatch.setattr(steps, "evaluate_model", fake_evaluate)
     student = tiny_assets["models"]["gpt2"]["student"]
     sets = {"tiny": [{"instruction": "a", "input": "", "output": "b"}]}
     quick, full = EvalConfig(max_examples=2), EvalConfig()
-    commands._evaluate(student, tmp_path / "eval", "KD", sets, quick)
-    commands._evaluate(student, tmp_path / "eval", "KD", sets, full)  # not the quick run's numbers
-    commands._evaluate(student, tmp_path / "eval", "KD", sets, full)  # reused
+    steps.evaluate(student, tmp_path / "eval", "KD", sets, quick)
+    steps.evaluate(student, tmp_path / "eval", "KD", sets, full)  # not the quick run's numbers
+    steps.evaluate(student, tmp_path / "eval", "KD", sets, full)  # reused
     assert calls == [2, None]
     assert json.loads((tmp_path / "eval" / "metrics.json").read_text())["config"]["max_examples"] is None
 
@@ -623,8 +623,8 @@ def test_command_line_exit_status_one_line_and_debug(tmp_path):
 
 def test_info_messages_are_printed(tmp_path):
     code = ("import logging, sys; sys.argv = ['mgsr_lightning', '--help']; from mgsr_lightning.__main__ import main; "
-            "main(); logging.getLogger('mgsr_lightning.export').info('student saved to x')")
+            "main(); logging.getLogger('mgsr_lightning.models.export').info('student saved to x')")
     env = {**os.environ, **OFFLINE_ENV, "PYTHONPATH": str(REPO)}
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                             timeout=300)
-    assert "INFO mgsr_lightning.export: student saved to x" in result.stderr
+    assert "INFO mgsr_lightning.models.export: student saved to x" in result.stderr

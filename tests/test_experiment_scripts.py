@@ -111,7 +111,7 @@ def test_final_answers_compare_the_last_step_whatever_the_phrasing(family, refer
 
 
 def test_a_facts_description_is_right_when_every_fact_is_true_and_as_many_as_asked():
-    from mgsr_lightning.data.knowledge_tasks import VALUES, world
+    from mgsr_lightning.data.tasks.knowledge import VALUES, world
 
     facts_true = runpy.run_path(str(ANALYSES / "final_answers.py"))["facts_true"]
     creature = next(iter(world().values()))

@@ -5,24 +5,28 @@ inside a function, under ``if TYPE_CHECKING:``), and so does ``importlib.import_
 a literal name. ``import a.b.c`` or ``from a.b import c`` is an edge to the module ``a.b.c`` when
 there is one, else to the package ``a.b``; a package's ``__init__`` is a node of its own.
 
-The layers, lowest first; a module may import its own layer (without a circle) and the layers below:
+The layers, lowest first; a module may import its own layer (without a circle) and the layers below.
+Each is a folder of the package or a few root modules:
 
-1. contract: ``batch`` (the tensors a training step passes around), ``errors``, ``missing``,
-   ``atomic``, ``distributed``, ``seeding``, ``run_lock``, ``lightning_workarounds``, ``lazy`` (the packages'
-   names imported on first use); helpers that import nothing of the package beyond this layer.
-2. losses: ``losses`` (pure functions of logits; torch and ``batch`` only).
-3. parts: ``tokenizer``, ``vocabulary``, ``lora``, ``models``, ``export``, ``data``, ``sampling``, ``kv_cache``,
-   ``generation``: models and tokenizers, the data, decoding.
-4. method: ``spans``, ``text_spans``, ``error_search``, ``regeneration``, ``scrg``, ``rollout``,
-   ``regimes`` (MGSR's parts), ``evaluation``, and the pieces around the LightningModule: ``callbacks``, ``resume``,
-   ``optim``, ``strategies``, ``guards``, ``validation`` (and ``model_checks``), ``warning_format``; MiniLLM's rollouts
-   (``minillm_rollout``), SeqKD's cache (``seqkd_cache``) and the module's mixins (``held_out``,
-   ``checkpoint_state``).
-5. module: ``module`` (the one LightningModule) and the package's ``__init__``, which re-exports it.
-6. cli: ``cli`` (LightningCLI) and ``config_files`` (its configs' composition).
-7. pipeline: ``pipeline`` (multi-step commands built on the CLI) and ``__main__``.
+1. contract: ``batch`` (the tensors a training step passes around), ``errors``, ``missing``, ``atomic``,
+   ``distributed``, ``seeding``, ``lightning_workarounds``, ``lazy`` (the packages' names imported on first
+   use): the root helpers, which import nothing of the package beyond this layer.
+2. losses: ``losses/`` (pure functions of logits; torch and ``batch`` only).
+3. models: ``models/`` (loading, LoRA, tokenizers, checks without weights, export).
+4. generation: ``generation/`` (the scoring forwards, the decode loop, sampling, KV caches).
+5. method: ``spans/`` and ``scrg/``, MGSR's span and sequence levels.
+6. data: ``data/`` (records, templates, collation, the data module, the benchmark generators in ``data/tasks/``).
+7. evaluation: ``evaluation/`` (ROUGE-L over seeds, the evaluation sets, validation metrics, the report).
+8. training: ``training/`` (regimes, rollouts, SeqKD's cache, optimiser, callbacks, resume state, FSDP).
+9. module: ``module`` (the one LightningModule) and the package's ``__init__``, which re-exports it.
+10. cli: ``cli/`` (LightningCLI, config files, validation, the run lock).
+11. pipeline: ``pipeline/`` (multi-step commands built on the CLI) and ``__main__``.
 
 A name covers the module and, for a package, everything under it. A new module needs a place here.
+
+Besides the layers, the data line: the training side (``module``, ``training/``, ``scrg/``, ``spans/``,
+``generation/`` and ``losses/``) imports nothing from ``data/`` or ``pipeline/``, so that importing the
+LightningModule loads neither (nor ``pyarrow``); the tests of ``test_imports.py`` check what is loaded.
 """
 
 from __future__ import annotations
@@ -34,16 +38,16 @@ PACKAGE = "mgsr_lightning"
 ROOT = Path(__file__).resolve().parents[1] / PACKAGE
 
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (  # lowest first
-    ("contract", ("batch", "errors", "missing", "atomic", "distributed", "seeding", "run_lock",
-                  "lightning_workarounds", "lazy")),
+    ("contract", ("batch", "errors", "missing", "atomic", "distributed", "seeding", "lightning_workarounds", "lazy")),
     ("losses", ("losses",)),
-    ("parts", ("tokenizer", "vocabulary", "lora", "models", "export", "data", "sampling", "kv_cache",
-               "generation")),
-    ("method", ("spans", "text_spans", "error_search", "regeneration", "scrg", "rollout", "regimes", "evaluation",
-                "callbacks", "resume", "optim", "strategies", "guards", "validation", "model_checks", "warning_format",
-                "teacher_cache", "minillm_rollout", "seqkd_cache", "held_out", "checkpoint_state")),
+    ("models", ("models",)),
+    ("generation", ("generation",)),
+    ("method", ("spans", "scrg")),
+    ("data", ("data",)),
+    ("evaluation", ("evaluation",)),
+    ("training", ("training",)),
     ("module", ("module", "__init__")),
-    ("cli", ("cli", "config_files")),
+    ("cli", ("cli",)),
     ("pipeline", ("pipeline", "__main__")),
 )
 
@@ -132,9 +136,9 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_graph_sees_every_kind_of_import():
     graph = import_graph()
-    assert "mgsr_lightning.losses" in graph["mgsr_lightning.error_search"]  # from mgsr_lightning import losses
+    assert "mgsr_lightning.losses" in graph["mgsr_lightning.scrg.error_search"]  # from mgsr_lightning import losses
     assert "mgsr_lightning.losses.objective" in graph["mgsr_lightning.module"]  # from a.b.c import name
-    assert "mgsr_lightning.cli" in graph["mgsr_lightning.__main__"]  # inside a function
+    assert "mgsr_lightning.cli.lightning_cli" in graph["mgsr_lightning.__main__"]  # inside a function
     assert "mgsr_lightning.module" in graph["mgsr_lightning"]  # under TYPE_CHECKING and import_module("...")
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
@@ -166,6 +170,21 @@ def test_no_import_from_a_lower_layer_to_a_higher_one():
         if layer_of(target) > layer_of(name)
     ]
     assert not upward, "\n".join(upward)
+
+
+TRAINING_SIDE = ("module", "training", "scrg", "spans", "generation", "losses")
+DATA_SIDE = ("data", "pipeline")
+
+
+def _under(name: str, members: tuple[str, ...]) -> bool:
+    relative = name[len(PACKAGE) + 1 :]
+    return any(relative == member or relative.startswith(member + ".") for member in members)
+
+
+def test_the_training_side_imports_nothing_from_data_or_pipeline():
+    crossing = [f"{name} imports {target}" for name, targets in sorted(import_graph().items())
+                if _under(name, TRAINING_SIDE) for target in sorted(targets) if _under(target, DATA_SIDE)]
+    assert not crossing, "\n".join(crossing)
 
 
 def test_package_inits_load_only_their_own_modules():

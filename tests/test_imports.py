@@ -42,15 +42,12 @@ def test_public_names_import_as_before():
         assert "lightning" not in sys.modules  # the package's own names are imported on first use
         from mgsr_lightning import DistillLightningModule, InstructionDataModule
         from mgsr_lightning.losses import DIVERGENCES, DistillLoss, dac_kl, forward_kl
-        from mgsr_lightning.evaluation import *  # noqa: F403
-        from mgsr_lightning.evaluation import RougeL, evaluate_model, rouge_l
 
         assert DistillLightningModule.__module__ == "mgsr_lightning.module"
         assert InstructionDataModule.__module__ == "mgsr_lightning.data.datamodule"
         assert {"DistillLightningModule", "InstructionDataModule"} <= set(dir(mgsr_lightning))
-        for package in (mgsr_lightning, mgsr_lightning.evaluation):
-            for name in package.__all__:
-                getattr(package, name)
+        for name in mgsr_lightning.__all__:
+            getattr(mgsr_lightning, name)
         try:
             from mgsr_lightning import no_such_name  # noqa: F401
         except ImportError:
@@ -68,7 +65,8 @@ def test_importing_the_cli_changes_no_global_state_and_run_cli_sets_it_up():
 
         from jsonargparse._loaders_dumpers import loaders
 
-        from mgsr_lightning import cli, lightning_workarounds
+        from mgsr_lightning import lightning_workarounds
+        from mgsr_lightning.cli import lightning_cli as cli
 
         def leafspec_filtered():
             return any("LeafSpec" in str(getattr(f[1], "pattern", "")) for f in warnings.filters)
@@ -85,5 +83,27 @@ def test_importing_the_cli_changes_no_global_state_and_run_cli_sets_it_up():
         assert loaders[cli.PARSER_MODE] is cli.load_config_text
         assert [f for f in tips.filters if isinstance(f, lightning_workarounds._NoAdvertisements)]
         assert leafspec_filtered()
+    """)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_importing_the_module_loads_nothing_of_the_data_side_and_changes_no_global_state():
+    result = run_python("""
+        import sys
+        import warnings
+
+        import lightning.pytorch  # noqa: F401  (Lightning's warning formatter and filters first)
+        import torchmetrics  # noqa: F401
+        import transformers  # noqa: F401
+
+        formatter = warnings.formatwarning
+        import mgsr_lightning.module  # noqa: F401
+
+        loaded = [name for name in sys.modules if name == "pyarrow" or name.startswith(("pyarrow.",
+                  "mgsr_lightning.data", "mgsr_lightning.pipeline", "mgsr_lightning.cli"))]
+        assert not loaded, loaded
+        assert warnings.formatwarning is formatter, "importing the module replaced the warning formatter"
+        ours = [f for f in warnings.filters if "eval mode" in str(getattr(f[1], "pattern", ""))]
+        assert not ours, "importing the module changed the warning filters"
     """)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -9,12 +9,12 @@ import torch
 from tiny_models import build_tiny_model, cli_overrides, last_checkpoint
 
 from mgsr_lightning.batch import Rollout
-from mgsr_lightning.cli import run_cli
+from mgsr_lightning.cli.lightning_cli import run_cli
 from mgsr_lightning.losses.objective import DistillLoss, SpanLoss, response_cross_entropy
-from mgsr_lightning.models import ModelSource, VocabularyMismatchError, check_vocabularies
+from mgsr_lightning.models.loading import ModelSource, VocabularyMismatchError, check_vocabularies
 from mgsr_lightning.module import DistillLightningModule
-from mgsr_lightning.regimes import RegimeConfig
-from mgsr_lightning.scrg import ScrgConfig
+from mgsr_lightning.scrg.revise import ScrgConfig
+from mgsr_lightning.training.regimes import RegimeConfig
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -36,7 +36,7 @@ def test_vocabulary_check_accepts_padded_rows_and_returns_the_tokenizer_size():
 
 
 def test_vocabulary_check_compares_tokenizers(tiny_tokenizer, tiny_assets):
-    from mgsr_lightning.tokenizer import load_tokenizer
+    from mgsr_lightning.models.tokenizer import load_tokenizer
 
     other = load_tokenizer(str(tiny_assets["tokenizer"]))
     model = build_tiny_model("gpt2", 400)
@@ -67,7 +67,7 @@ def test_module_compares_each_model_s_own_tokenizer_with_the_data_s(tiny_assets,
 
 
 def test_padded_student_vocabulary_trains_and_never_samples_padding(tiny_assets, tmp_path):
-    from mgsr_lightning.tokenizer import load_tokenizer
+    from mgsr_lightning.models.tokenizer import load_tokenizer
 
     vocab = len(load_tokenizer(str(tiny_assets["tokenizer"])))
     padded_dir = tmp_path / "padded"
@@ -222,7 +222,7 @@ def test_test_and_predict_commands_score_the_whole_test_split_alike(tiny_assets,
 def test_a_run_that_never_trained_on_student_outputs_says_so(tiny_assets, tmp_path):
     """Threshold 0: the adaptive scheduler never samples, so SCRG never runs; the end of fit says so
     with the threshold used. Threshold 1: every step samples and nothing is said."""
-    from mgsr_lightning.regimes import NoStudentOutputsWarning
+    from mgsr_lightning.training.regimes import NoStudentOutputsWarning
 
     with pytest.warns(NoStudentOutputsWarning, match=r"in 2 steps \(regime adaptive_off_policy, threshold 0 at the "
                       r"start and 0 at the end\); SCRG never ran") as caught:
@@ -241,7 +241,7 @@ def test_a_run_that_never_trained_on_student_outputs_says_so(tiny_assets, tmp_pa
 def test_kd_on_ground_truth_never_warns_about_student_outputs(tiny_assets, tmp_path):
     import warnings
 
-    from mgsr_lightning.regimes import NoStudentOutputsWarning
+    from mgsr_lightning.training.regimes import NoStudentOutputsWarning
 
     with warnings.catch_warnings(record=True) as recorded:
         warnings.simplefilter("always")

@@ -35,7 +35,7 @@ def cpu_fit(config: str, root: Path, run_dir: Path, *extra: str):
     """`fit --config configs/smollm2/<config> --config configs/common/cpu.yaml` for 2 short steps."""
     import os
 
-    from mgsr_lightning.cli import run_cli
+    from mgsr_lightning.cli.lightning_cli import run_cli
     from mgsr_lightning.pipeline.paths import environment
 
     with environment(MGSR_SMOLLM2_DIR=str(root), MGSR_RUNS_DIR=str(run_dir)):
@@ -65,7 +65,7 @@ def test_prepared_teacher_ends_turns_with_im_end_and_keeps_the_chat_template(smo
 def test_mgsr_fits_with_scrg_and_the_export_answers_in_the_chat_format(smollm2_root, tmp_path):
     from transformers import AutoModelForCausalLM, pipeline
 
-    from mgsr_lightning.regimes import NoStudentOutputsWarning
+    from mgsr_lightning.training.regimes import NoStudentOutputsWarning
 
     with warnings.catch_warnings(record=True) as recorded:
         warnings.simplefilter("always")
@@ -84,7 +84,7 @@ def test_mgsr_fits_with_scrg_and_the_export_answers_in_the_chat_format(smollm2_r
 
 
 def test_a_short_run_that_never_samples_says_so(smollm2_root, tmp_path):
-    from mgsr_lightning.regimes import NoStudentOutputsWarning
+    from mgsr_lightning.training.regimes import NoStudentOutputsWarning
 
     with pytest.warns(NoStudentOutputsWarning, match=r"threshold 0 at the start.*SCRG never ran"):
         cpu_fit("mgsr.yaml", smollm2_root, tmp_path, "--model.init_args.regime.init_threshold=0.0",

@@ -29,8 +29,9 @@ from mgsr_lightning.data.datamodule import encode_records
 from mgsr_lightning.data.records import read_jsonl
 from mgsr_lightning.evaluation.exposure_bias import exposure_bias
 from mgsr_lightning.evaluation.report import mean_and_standard_error
-from mgsr_lightning.generation import Decoding, SamplingConfig
-from mgsr_lightning.tokenizer import load_tokenizer
+from mgsr_lightning.generation.decode import Decoding
+from mgsr_lightning.generation.sampling import SamplingConfig
+from mgsr_lightning.models.tokenizer import load_tokenizer
 
 
 def prompt_batches(tokenizer, rows, template: str, batch_size: int, max_prompt_length: int):

@@ -31,7 +31,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from mgsr_lightning.data.knowledge_tasks import NUMBER_WORDS, VALUES, world
+from mgsr_lightning.data.tasks.knowledge import NUMBER_WORDS, VALUES, world
 from mgsr_lightning.evaluation.report import mean_and_standard_error
 
 NUMBER = re.compile(r"-?\d+")

@@ -45,7 +45,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from mgsr_lightning.__main__ import main as run
-    from mgsr_lightning.data.tiny_tasks import write_tiny_dataset
+    from mgsr_lightning.data.tasks.tiny import write_tiny_dataset
 
     out = Path(args.out).resolve()
     methods = [method.strip() for method in args.methods.split(",") if method.strip()]

@@ -36,7 +36,7 @@ wait
 $PY - "$ROOT" "$OUT/init" <<'EOF'
 import sys
 from transformers import AutoTokenizer
-from mgsr_lightning.models import ModelSource, load_causal_lm
+from mgsr_lightning.models.loading import ModelSource, load_causal_lm
 root, out = sys.argv[1], sys.argv[2]
 load_causal_lm(ModelSource(name_or_path=f"{root}/teacher", keep_layers=6)).save_pretrained(out)
 AutoTokenizer.from_pretrained(f"{root}/teacher").save_pretrained(out)

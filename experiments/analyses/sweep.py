@@ -58,17 +58,17 @@ def train_one(grid: dict, name: str, seed: int, test: bool) -> None:
     pair's test split as ``reproduce`` does."""
     import torch
 
-    from mgsr_lightning.pipeline import commands
+    from mgsr_lightning.pipeline import steps
 
     torch.set_num_threads(1)
     pair, spec = grid["pair"], candidates_of(grid)[name]
-    env, eval_sets, eval_config, _ = commands._pair_setup(pair, None, None, None)
+    env, eval_sets, eval_config, _ = steps.pair_setup(pair, None, None, None)
     runs_root = Path("runs") / f"reproduce-{pair}"
-    init = commands._initialised_student(pair, runs_root, seed, env)
+    init = steps.initialised_student(pair, runs_root, seed, env)
     run_dir = runs_root / name / f"seed{seed}"
-    student = commands._fit(pair, spec["config"], run_dir, seed, env, init + overrides_of(spec))
+    student = steps.fit(pair, spec["config"], run_dir, seed, env, init + overrides_of(spec))
     if test:
-        commands._evaluate(student, run_dir / "eval", name, eval_sets, eval_config)
+        steps.evaluate(student, run_dir / "eval", name, eval_sets, eval_config)
 
 
 def validation_curve(run_dir: Path) -> list[tuple[int, float]]:
@@ -126,11 +126,11 @@ def main(argv: list[str] | None = None) -> None:
         print(table(grid, seeds[0]), end="")
         return
     if args.action == "init":
-        from mgsr_lightning.pipeline import commands
+        from mgsr_lightning.pipeline import steps
 
-        env = commands._pair_setup(grid["pair"], None, None, None)[0]
+        env = steps.pair_setup(grid["pair"], None, None, None)[0]
         for seed in seeds:
-            commands._initialised_student(grid["pair"], Path("runs") / f"reproduce-{grid['pair']}", seed, env)
+            steps.initialised_student(grid["pair"], Path("runs") / f"reproduce-{grid['pair']}", seed, env)
         return
     if args.candidates:
         names = args.candidates.split(",")

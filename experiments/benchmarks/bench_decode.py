@@ -32,7 +32,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from mgsr_lightning.batch import Rollout  # noqa: E402
-from mgsr_lightning.generation import Decoding, DecodingConfig, SamplingConfig, sample  # noqa: E402
+from mgsr_lightning.generation.decode import Decoding, sample  # noqa: E402
+from mgsr_lightning.generation.sampling import DecodingConfig, SamplingConfig  # noqa: E402
 
 
 def prompts(work: Path, batch_size: int) -> Rollout:

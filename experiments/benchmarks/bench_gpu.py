@@ -34,7 +34,7 @@ SAMPLING_METHODS = ("distillm", "mgsr")  # methods that sample a rollout at ever
 STRATEGIES = {
     "ddp": ["--trainer.strategy=ddp"],
     "fsdp": [
-        "--trainer.strategy.class_path=mgsr_lightning.strategies.DecoderLayerFSDP",
+        "--trainer.strategy.class_path=mgsr_lightning.training.strategies.DecoderLayerFSDP",
         f"--trainer.strategy.init_args.layer_classes=[{GPT2_BLOCK}]",
     ],
 }
@@ -43,9 +43,9 @@ STRATEGIES = {
 def prepare(root: Path, vocab_size: int) -> None:
     """The embedded task's data and a BPE tokenizer under ``root`` (no teacher training)."""
     from mgsr_lightning.data.records import read_jsonl
+    from mgsr_lightning.data.tasks.tiny import write_tiny_dataset
     from mgsr_lightning.data.templates import render_prompt
-    from mgsr_lightning.data.tiny_tasks import write_tiny_dataset
-    from mgsr_lightning.tokenizer import train_bpe_tokenizer
+    from mgsr_lightning.models.tokenizer import train_bpe_tokenizer
 
     if not (root / "tokenizer" / "tokenizer.json").is_file():
         write_tiny_dataset(root / "data", {"train": 4000, "validation": 64, "test": 64}, 0)
@@ -58,7 +58,7 @@ def run_one(args: argparse.Namespace) -> None:
     import torch
     from lightning.pytorch.callbacks import Callback
 
-    from mgsr_lightning.cli import run_cli
+    from mgsr_lightning.cli.lightning_cli import run_cli
 
     cuda = torch.cuda.is_available()
 

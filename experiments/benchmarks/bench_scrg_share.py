@@ -19,7 +19,7 @@ import time
 
 from lightning.pytorch.callbacks import Callback
 
-from mgsr_lightning.cli import PARSER_MODE, DistillCLI
+from mgsr_lightning.cli.lightning_cli import PARSER_MODE, DistillCLI
 from mgsr_lightning.data.datamodule import InstructionDataModule
 from mgsr_lightning.module import DistillLightningModule
 

@@ -68,7 +68,7 @@ def measure(args: argparse.Namespace, method: str, chunked: bool) -> dict:
     """In the child: run the steps and return the means per step and the peak RSS."""
     from lightning.pytorch.callbacks import Callback
 
-    from mgsr_lightning.cli import PARSER_MODE, DistillCLI
+    from mgsr_lightning.cli.lightning_cli import PARSER_MODE, DistillCLI
     from mgsr_lightning.data.datamodule import InstructionDataModule
     from mgsr_lightning.losses.objective import Objective
     from mgsr_lightning.module import DistillLightningModule

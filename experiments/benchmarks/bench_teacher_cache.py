@@ -66,7 +66,7 @@ def one_run(pair: str, method: str, cache: str | None, rows: int, steps: int, ou
     """In a child process: fit ``method`` and print its step times, its peak RSS and its peak RSS from the
     first training step on (what the model, the optimizer and the steps hold, without what loading and
     encoding the data and the models peaked at before) as one JSON line."""
-    from mgsr_lightning.cli import run_cli
+    from mgsr_lightning.cli.lightning_cli import run_cli
     from mgsr_lightning.module import DistillLightningModule
 
     times: list[float] = []
@@ -95,10 +95,10 @@ def loss_errors(pair: str, cache: Path, rows: int) -> dict[str, float]:
     """Relative error of KD's and DAC-KL's loss with the cached (densified) teacher against the live one."""
     import torch
 
-    from mgsr_lightning.batch import Rollout
-    from mgsr_lightning.cli import run_cli
-    from mgsr_lightning.data.teacher_cache import BATCH_KEYS, CachedTeacherCollator
-    from mgsr_lightning.generation import response_logits
+    from mgsr_lightning.batch import TEACHER_CACHE_KEYS, Rollout
+    from mgsr_lightning.cli.lightning_cli import run_cli
+    from mgsr_lightning.data.teacher_cache import CachedTeacherCollator
+    from mgsr_lightning.generation.scoring import response_logits
     from mgsr_lightning.losses.dac_kl import ClipNet, dac_kl
     from mgsr_lightning.losses.divergences import forward_kl
     from mgsr_lightning.losses.sparse_teacher import densify
@@ -117,7 +117,7 @@ def loss_errors(pair: str, cache: Path, rows: int) -> dict[str, float]:
             batch = collate(examples[start : start + size])
             rollout = Rollout.from_batch(batch)
             live = response_logits(teacher, rollout, module.vocab_size)
-            cached = densify(*(batch[key] for key in BATCH_KEYS), module.vocab_size)
+            cached = densify(*(batch[key] for key in TEACHER_CACHE_KEYS), module.vocab_size)
             student = response_logits(module.student, rollout, module.vocab_size)
             mask, base = rollout.response_mask, {"base": "alpha_beta", "base_params": {"alpha": 0.2, "beta": 0.7}}
             for name, loss in (("kd", lambda t: forward_kl(student, t, mask)),

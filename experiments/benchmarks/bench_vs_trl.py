@@ -186,16 +186,16 @@ def method_kwargs(method: str) -> dict:
     import yaml
     from omegaconf import OmegaConf
 
-    from mgsr_lightning.cli import _compose
-    from mgsr_lightning.generation import SamplingConfig  # noqa: F401  (imported for the dataclasses below)
+    from mgsr_lightning.cli.config_files import compose
+    from mgsr_lightning.generation.sampling import SamplingConfig  # noqa: F401  (imported for the dataclasses below)
     from mgsr_lightning.losses.minillm import MiniLLMConfig
     from mgsr_lightning.losses.objective import DistillLoss, SpanLoss
-    from mgsr_lightning.regimes import RegimeConfig
-    from mgsr_lightning.scrg import ScrgConfig
+    from mgsr_lightning.scrg.revise import ScrgConfig
+    from mgsr_lightning.training.regimes import RegimeConfig
 
     name = {"seqkd": "sft"}.get(method, method)  # SeqKD = SFT on the teacher's responses, sampled beforehand
     path = REPO / "configs" / "methods" / f"{name}.yaml"
-    init = OmegaConf.to_container(_compose(yaml.safe_load(path.read_text()), path.parent, ()), resolve=True)
+    init = OmegaConf.to_container(compose(yaml.safe_load(path.read_text()), path.parent, ()), resolve=True)
     init = dict(init["model"]["init_args"])
     if method in ("gkd", "distillm", "abkd", "mgsr"):
         init["regime"] = {**init.get("regime", {}), "name": "on_policy"}
@@ -217,11 +217,12 @@ def run_ours(method: str, work: Path, args: argparse.Namespace) -> dict:
     from lightning.pytorch.callbacks import Callback
 
     from mgsr_lightning.batch import Rollout
-    from mgsr_lightning.generation import Decoding, SamplingConfig, sample
-    from mgsr_lightning.models import ModelSource
+    from mgsr_lightning.generation.decode import Decoding, sample
+    from mgsr_lightning.generation.sampling import SamplingConfig
+    from mgsr_lightning.models.loading import ModelSource
     from mgsr_lightning.module import DistillLightningModule
-    from mgsr_lightning.optim import OptimizerConfig
     from mgsr_lightning.seeding import example_seeds
+    from mgsr_lightning.training.optim import OptimizerConfig
 
     kwargs = method_kwargs(method)
     uses_teacher = kwargs.pop("uses_teacher")
@@ -285,7 +286,8 @@ def teacher_seconds_per_token(module, batch: dict, sampling) -> float:
     """The teacher's forward time per column of a rollout (prompt + response, batch rows), median of 5."""
     import torch
 
-    from mgsr_lightning.generation import response_logits, sample
+    from mgsr_lightning.generation.decode import sample
+    from mgsr_lightning.generation.scoring import response_logits
     from mgsr_lightning.seeding import example_seeds
 
     rollout = sample(module.student, batch["prompt_ids"], batch["prompt_mask"], module.decoding,

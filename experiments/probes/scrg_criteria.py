@@ -22,9 +22,11 @@ from transformers import AutoModelForCausalLM
 
 from mgsr_lightning.batch import Rollout
 from mgsr_lightning.data.datamodule import InstructionDataModule
-from mgsr_lightning.generation import Decoding, SamplingConfig, response_logits, sample
+from mgsr_lightning.generation.decode import Decoding, sample
+from mgsr_lightning.generation.sampling import SamplingConfig
+from mgsr_lightning.generation.scoring import response_logits
 from mgsr_lightning.losses import response_cross_entropy
-from mgsr_lightning.scrg import ScrgConfig, revise
+from mgsr_lightning.scrg.revise import ScrgConfig, revise
 
 CRITERIA = [
     ("max_difference", {}),  # the paper's reading

@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM
 
 from mgsr_lightning.data.datamodule import encode_records
 from mgsr_lightning.data.records import normalize_row, read_jsonl
-from mgsr_lightning.tokenizer import load_tokenizer
+from mgsr_lightning.models.tokenizer import load_tokenizer
 
 
 def parse_args(argv=None) -> argparse.Namespace:

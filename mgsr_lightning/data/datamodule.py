@@ -15,7 +15,7 @@ from mgsr_lightning.data.teacher_cache import CachedTeacherCollator, TeacherCach
 from mgsr_lightning.data.templates import PromptTemplate, render_prompt
 from mgsr_lightning.errors import ConfigError
 from mgsr_lightning.lightning_workarounds import allow_resuming_mid_epoch
-from mgsr_lightning.tokenizer import load_tokenizer, token_id
+from mgsr_lightning.models.tokenizer import load_tokenizer, token_id
 
 log = logging.getLogger(__name__)
 

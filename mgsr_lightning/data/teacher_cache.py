@@ -25,16 +25,18 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import lightning as L
 import numpy as np
 import pyarrow as pa
 import torch
 
+from mgsr_lightning.batch import TEACHER_CACHE_KEYS
 from mgsr_lightning.data.collate import EncodedExample, InstructionCollator
 from mgsr_lightning.errors import ConfigError, MissingFileError
-from mgsr_lightning.models import ModelSource
+from mgsr_lightning.models.loading import ModelSource
 
 META_FILE, ENTRIES_FILE, FORMAT = "teacher_cache.json", "entries.arrow", 1
-BATCH_KEYS = ("teacher_top_ids", "teacher_top_logprobs", "teacher_rest_logprob")
+
 SCHEMA = pa.schema([("index", pa.int64()), ("top_ids", pa.list_(pa.int32())), ("top_logp", pa.list_(pa.float32())),
                     ("rest_logp", pa.list_(pa.float32()))])
 _SAMPLED = 1 << 20  # bytes read at each of 16 offsets of a weight file larger than 64 MiB
@@ -133,6 +135,19 @@ def read_meta(folder: str | Path) -> dict[str, Any]:
     return meta
 
 
+class TeacherCacheCheck(L.Callback):
+    """Refuses, once the module has loaded its pair (``configure_model``) and before any training step, a cache
+    made by another teacher or over another vocabulary size than the module's (:func:`check_teacher`). The CLI
+    adds it to every run given ``data.teacher_cache``."""
+
+    def __init__(self, folder: str | Path):
+        self.folder = folder
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        if pl_module.teacher_source is not None:
+            check_teacher(self.folder, pl_module.teacher_source, pl_module.vocab_size)
+
+
 def check_teacher(folder: str | Path, source: ModelSource, vocab_size: int) -> None:
     """Refuse (``ConfigError``, one line) a cache made by another teacher or over another vocabulary size."""
     meta = read_meta(folder)
@@ -202,4 +217,4 @@ class CachedTeacherCollator(InstructionCollator):
                                   + REBUILD.format(path=self.cache.folder))
             top_ids[row, : ids.size(0)], top_logprobs[row, : ids.size(0)], rest[row, : ids.size(0)] = (
                 ids, logprobs, rest_logprob)
-        return batch | dict(zip(BATCH_KEYS, (top_ids, top_logprobs, rest)))
+        return batch | dict(zip(TEACHER_CACHE_KEYS, (top_ids, top_logprobs, rest)))

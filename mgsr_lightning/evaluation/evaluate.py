@@ -54,9 +54,10 @@ from mgsr_lightning.evaluation.metrics import MeanScore
 from mgsr_lightning.evaluation.readers import EVAL_SETS
 from mgsr_lightning.evaluation.report import format_table1
 from mgsr_lightning.evaluation.rouge import as_references, exact_match, rouge_l
-from mgsr_lightning.generation import Decoding, SamplingConfig, decode_responses, sample
+from mgsr_lightning.generation.decode import Decoding, decode_responses, sample
+from mgsr_lightning.generation.sampling import SamplingConfig
+from mgsr_lightning.models.tokenizer import token_id
 from mgsr_lightning.seeding import SEED_STRIDE, example_seeds
-from mgsr_lightning.tokenizer import token_id
 
 DEFAULT_SEEDS = (10, 20, 30, 40, 50)
 SCORED_METRICS = ("rougeL", "exact_match")

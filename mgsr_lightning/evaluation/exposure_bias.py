@@ -29,7 +29,8 @@ import torch
 from torch import Tensor, nn
 
 from mgsr_lightning.batch import Rollout
-from mgsr_lightning.generation import Decoding, eval_mode, response_logits, sample
+from mgsr_lightning.generation.decode import Decoding, eval_mode, sample
+from mgsr_lightning.generation.scoring import response_logits
 from mgsr_lightning.losses import forward_kl
 
 

@@ -46,10 +46,11 @@ Cost: one sort of each row plus about ten elementwise passes more than the base.
 variant over forward KL, or over ``alpha_beta`` with α > 0 and β > 0, with a constant teacher (training)
 sorts and runs ``RestKL`` (:mod:`mgsr_lightning.losses.dac_kl_backward`, the bases' terms in
 :mod:`mgsr_lightning.losses.dac_kl_terms`) in blocks of rows, its backward written out, bf16 and fp16
-teachers sorted on 16-bit keys: 1.3 times forward KL over forward KL, 1.4 times over alpha_beta (0.2, 0.7)
-at V = 50,257, measured on a loaded 2-core CPU (docs/dac_kl.md, "Cost", "Ties"); ``written_backward=False``
-runs the taped formulas, the reference the tests compare it with. Other bases and α-β's limits (β = 0,
-α = 0, α = −β, negative powers) run taped (about 5 times). Real vocabularies want ``chunk_size``.
+teachers sorted on 16-bit keys; ``written_backward=False`` runs the taped formulas, the reference the
+tests compare it with. Other bases and α-β's limits (β = 0, α = 0, α = −β, negative powers) run taped.
+What each path costs against forward KL is measured by ``experiments/benchmarks/bench_dac_kl_cost.py``
+(figures: docs/dac_kl.md, "Cost", "Ties", and ``experiments/results/speed/``). Real vocabularies want
+``chunk_size``.
 """
 
 from __future__ import annotations
@@ -156,6 +157,7 @@ def dac_kl(
     base_params: dict[str, float] | None = None,
     chunk_size: int | None = None,
     written_backward: bool = True,
+    sixteen_bit_keys: bool = True,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """DAC-KL between teacher and student at the compared positions (formulas in the module docstring).
 
@@ -189,6 +191,8 @@ def dac_kl(
         written_backward: run the "rest" variant over forward KL, or over ``alpha_beta`` with α > 0 and
             β > 0, with a constant teacher through ``RestKL``'s written-out backward (the default); False
             runs the taped formulas, the reference. Other bases and α-β's limit cases always run taped.
+        sixteen_bit_keys: sort bf16 and fp16 teachers on 16-bit keys (the default); False sorts them as
+            float32, the reference (:func:`mgsr_lightning.losses.dac_kl_band.sort_descending`).
 
     Returns:
         ``(loss, diagnostics)``: loss is L_DAC plus ``lam_cov · coverage_penalty`` in learned mode,
@@ -234,7 +238,8 @@ def dac_kl(
         if rest_terms is not None and not teacher_rows.requires_grad:
             return _rest_rows(student_rows, teacher_rows)
         student_log_probs, teacher_log_probs = log_softmax_pair(student_rows, teacher_rows, temperature)
-        teacher_sorted, order = sort_descending(teacher_log_probs, teacher_rows, student_rows=student_rows)  # [n, V]
+        teacher_sorted, order = sort_descending(teacher_log_probs, teacher_rows, student_rows=student_rows,
+                                                sixteen_bit_keys=sixteen_bit_keys)  # [n, V]
         student_sorted = student_log_probs.gather(-1, order)  # [n, V]
         teacher_sorted_probs = teacher_sorted.exp()
         lower, upper = bounds(teacher_sorted_probs)
@@ -270,7 +275,7 @@ def dac_kl(
         backward, the teacher's side sorted once without autograd (in blocks of rows)."""
         summary_k = getattr(clip_net, "k", student_rows.size(-1)) if learned else None
         teacher_sorted, order, real, summary = sort_teacher(student_rows, teacher_rows, temperature, band=band,
-                                                            summary_k=summary_k)
+                                                            summary_k=summary_k, sixteen_bit_keys=sixteen_bit_keys)
         lower, upper = bounds(teacher_sorted if summary is None else summary)  # ClipNet: the top-k and tail mass
         kl, kept = RestKL.apply(
             student_rows, lower, upper, teacher_sorted, order, real, band, temperature, beta, target_class,

@@ -20,8 +20,7 @@ from mgsr_lightning.losses._common import PADDED_LOG_PROB, log_softmax
 
 # entries per row block of the blocked passes (4 MiB of float32): small enough to be reused from the heap
 BLOCK_ELEMENTS = 2**20
-# teacher dtypes sorted on ``descending_key``; False sorts them as float32 (stable), the reference of the tests
-SIXTEEN_BIT_KEYS = True
+# teacher dtypes sorted on ``descending_key`` (``sixteen_bit_keys=False`` sorts them as float32, stable: the reference)
 SIXTEEN_BIT = (torch.bfloat16, torch.float16)
 # keys of the entries that are -inf in the teacher's logits, after every finite logit's (at most 0x7F7F):
 # the padded ones (-inf in both logits, log-probability PADDED_LOG_PROB) first, the teacher's zeros last
@@ -34,7 +33,8 @@ def block_rows(vocab_size: int) -> int:
 
 
 def sort_teacher(
-    student_rows: Tensor, teacher_rows: Tensor, temperature: float, *, band: str, summary_k: int | None
+    student_rows: Tensor, teacher_rows: Tensor, temperature: float, *, band: str, summary_k: int | None,
+    sixteen_bit_keys: bool = True,
 ) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
     """The teacher's log-probabilities sorted in descending order per row, without autograd.
 
@@ -44,6 +44,7 @@ def sort_teacher(
     column, [n, summary_k + 1] (the same top-k and the same tail sum, so ClipNet gives the same bounds
     as on the full [n, V] block), the full sorted probabilities when ``V <= summary_k``, or None when
     ``summary_k`` is None. Entries that are -inf in both logits get ``PADDED_LOG_PROB`` (sorted last).
+    ``sixteen_bit_keys``: as :func:`sort_descending`'s.
     """
     rows, vocab = teacher_rows.shape
     dtype = torch.promote_types(teacher_rows.dtype, torch.float32)
@@ -59,7 +60,7 @@ def sort_teacher(
             padded = torch.isneginf(student_rows[start:stop]) & torch.isneginf(teacher_rows[start:stop])
             log_probs = log_softmax(teacher_rows[start:stop], temperature).masked_fill_(padded, PADDED_LOG_PROB)
             sort_descending(log_probs, teacher_rows[start:stop], padded,
-                            out=(teacher_sorted[start:stop], order[start:stop]))
+                            out=(teacher_sorted[start:stop], order[start:stop]), sixteen_bit_keys=sixteen_bit_keys)
             if real is not None:
                 real[start:stop] = vocab - padded.sum(-1)
             if summary is not None:
@@ -76,21 +77,24 @@ def sort_descending(
     *,
     student_rows: Tensor | None = None,
     out: tuple[Tensor, Tensor] | None = None,
+    sixteen_bit_keys: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """``log_probs`` [n, V] (the teacher's, padded entries at ``PADDED_LOG_PROB``) sorted in descending
     order per row, and the order, [n, V] int64: ``log_probs.sort(dim=-1, descending=True)`` for float32
     and float64 logits; for bf16 and fp16 logits (``teacher_rows``) the stable ascending sort of
     ``descending_key`` and a gather, a descending order of ``log_probs`` with ties in index order. With
     ``out`` the two are written into it; without, the gather keeps ``log_probs``' autograd. ``padded``
-    [n, V] bool, the entries -inf in both logits, is counted from ``student_rows`` when not given."""
-    if teacher_rows.dtype not in SIXTEEN_BIT or not SIXTEEN_BIT_KEYS:
+    [n, V] bool, the entries -inf in both logits, is counted from ``student_rows`` when not given.
+    ``sixteen_bit_keys=False`` sorts bf16 and fp16 logits' ``log_probs`` as float32 ones (stable): the same
+    order, the reference the tests compare the keyed sort with."""
+    if teacher_rows.dtype not in SIXTEEN_BIT or not sixteen_bit_keys:
         stable = teacher_rows.dtype in SIXTEEN_BIT  # the float32 reference: ties in index order, as the key's
         return torch.sort(log_probs, dim=-1, descending=True, stable=stable, out=out)
     if padded is None:
         padded = torch.isneginf(student_rows) & torch.isneginf(teacher_rows)
     key = descending_key(teacher_rows, padded)
     order = torch.empty(key.shape, dtype=torch.long, device=key.device) if out is None else out[1]
-    if key.device.type == "cpu":  # one row at a time: a 1-D int16 sort is a radix sort on CPU (about 8x faster)
+    if key.device.type == "cpu":  # one row at a time: a 1-D int16 sort is a radix sort on CPU (docs/dac_kl.md, "Ties")
         sorted_key = key.new_empty(key.size(-1))
         for row in range(key.size(0)):
             torch.sort(key[row], stable=True, out=(sorted_key, order[row]))

@@ -12,7 +12,7 @@ switch of :class:`MiniLLMConfig`:
   paper's R_{t+1}); without it, ``G_t = Σ_{t'≥t} γ^{t'−t} r_t'``. (MiniLLM's code keeps r_t in the
   return *and* adds the single-step term, counting the current step twice; this follows the paper.)
 - **teacher-mixed sampling** (``teacher_mix`` α > 0): responses are sampled from
-  ``p̃ = α·p + (1 − α)·q`` (:mod:`mgsr_lightning.minillm_rollout`) and each token's policy-gradient
+  ``p̃ = α·p + (1 − α)·q`` (:mod:`mgsr_lightning.training.minillm_rollout`) and each token's policy-gradient
   term is weighted by the single-step importance weight ``w_t = q(y_t) / p̃(y_t)``, detached.
 - **length normalisation** (``length_norm``): G_t is divided by the number of rewards it sums, so
   long responses do not get larger returns.

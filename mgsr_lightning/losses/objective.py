@@ -113,7 +113,7 @@ class Objective:
     Args:
         sft_weight, sft_on, distill, span, minillm: the module's init args of the same names.
         clip_net: DAC-KL's ClipNet (``build_clip_net``), owned and optimised by the module.
-        span_prior: token ids [B, R] and mask -> span ids [B, R] (:mod:`mgsr_lightning.spans`);
+        span_prior: token ids [B, R] and mask -> span ids [B, R] (:mod:`mgsr_lightning.spans.token_prior`);
             needed when the span term is on.
     """
 

@@ -72,7 +72,7 @@ def span_correlation_loss(
         student_logits, teacher_logits: [B, T, V], aligned position by position.
         mask: [B, T] bool, the compared (response) positions; None compares all.
         spans: [B, T] long span ids aligned with the logits' positions, -1 outside any span
-            (``mgsr_lightning.spans``).
+            (``mgsr_lightning.spans.token_prior``).
         relation: "normalized" (KL between the normalised products, default), "product" (squared
             L2 between the products, the paper's reading) or "cosine" (see module docstring).
         temperature: τ, dividing both logits before the softmax.

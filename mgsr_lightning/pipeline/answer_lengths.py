@@ -65,8 +65,8 @@ def size_generation(model: str, settings: dict[str, Any], sources: dict[str, str
 def sized_for(model: str, settings: dict[str, Any], sources: dict[str, str],
               eval_sets: Mapping[str, Sequence[Mapping[str, Any]]], max_examples: int | None = None):
     """:func:`size_generation` for a model folder or hub id, over the rows ``evaluate`` scores."""
-    from mgsr_lightning.model_checks import model_positions
-    from mgsr_lightning.tokenizer import load_tokenizer
+    from mgsr_lightning.models.checks import model_positions
+    from mgsr_lightning.models.tokenizer import load_tokenizer
 
     rows = {name: list(records)[:max_examples] if max_examples is not None else list(records)
             for name, records in eval_sets.items()}

@@ -1,6 +1,12 @@
 """``cache-teacher``: run a fit config's teacher once over its training split and store its top-k per position.
 
-A run then reads it with ``--data.teacher_cache=<out>`` (see ``docs/teacher_cache.md``).
+On ground-truth rows the teacher only ever produces the same logits, so it runs once over the training split
+(:func:`write_teacher_cache`) and a run given the cache (``--data.teacher_cache=<out>``) reads them back with
+each batch. A method whose training sequences are always the ground truth (KD, SFT+KD, RKL, ...) then never
+loads the teacher (``DistillLightningModule.needs_live_teacher``); a sampling method still loads it for its
+fresh and replayed rows and reads the cache on its ground-truth steps. Storage:
+:mod:`mgsr_lightning.data.teacher_cache`; the sparse format: :mod:`mgsr_lightning.losses.sparse_teacher`;
+see ``docs/teacher_cache.md``.
 """
 
 from __future__ import annotations
@@ -8,15 +14,21 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
+from torch import nn
 
-from mgsr_lightning.data.teacher_cache import META_FILE, data_fingerprint, teacher_fingerprint
+from mgsr_lightning.batch import Rollout
+from mgsr_lightning.data.collate import EncodedExample, InstructionCollator
+from mgsr_lightning.data.teacher_cache import META_FILE, TeacherCacheWriter, data_fingerprint, teacher_fingerprint
 from mgsr_lightning.errors import ConfigError
-from mgsr_lightning.models import check_vocabularies
-from mgsr_lightning.teacher_cache import write_teacher_cache
-from mgsr_lightning.tokenizer import token_id
+from mgsr_lightning.generation.scoring import response_logits
+from mgsr_lightning.losses.sparse_teacher import top_k_entries
+from mgsr_lightning.models.loading import check_vocabularies
+from mgsr_lightning.models.tokenizer import token_id
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +68,7 @@ def cache_teacher(
         batch_size: Rows per teacher forward (default: the data's evaluation batch size).
         device: ``cpu``, ``cuda``, ... (default: ``cuda`` when available).
     """
-    from mgsr_lightning.cli import run_cli
+    from mgsr_lightning.cli.lightning_cli import run_cli
 
     configs = list(fit_config)
     cli = run_cli([arg for path in configs for arg in ("--config", path)] + list(overrides or []), run=False)
@@ -93,3 +105,33 @@ def cache_teacher(
           f"{written['bytes'] / 2**20:.1f} MiB ({mib_per_million:.0f} MiB per million tokens)")
     print(f"train from it: python -m mgsr_lightning fit --config {configs[-1]} --data.teacher_cache={out}")
     return written
+
+
+@torch.no_grad()
+def write_teacher_cache(
+    teacher: nn.Module,
+    examples: Sequence[EncodedExample],
+    folder: str,
+    *,
+    top_k: int,
+    vocab_size: int,
+    pad_token_id: int,
+    batch_size: int,
+    meta: dict[str, Any],
+) -> dict[str, Any]:
+    """Run ``teacher`` once over ``examples``' ground-truth responses and write each position's top-k,
+    with a progress bar; returns the metadata written (``meta`` plus k, V, rows, positions, bytes)."""
+    from tqdm.auto import tqdm
+
+    device = next(teacher.parameters()).device
+    collate = InstructionCollator(pad_token_id)
+    writer = TeacherCacheWriter(folder)
+    with tqdm(total=sum(len(e.response_ids) for e in examples), desc="teacher cache", unit="tok") as progress:
+        for start in range(0, len(examples), batch_size):
+            chunk = examples[start : start + batch_size]
+            rollout = Rollout.from_batch(collate(chunk)).to(device)
+            entries = top_k_entries(response_logits(teacher, rollout, vocab_size), top_k)
+            lengths = [len(e.response_ids) for e in chunk]
+            writer.write([e.index for e in chunk], lengths, *entries)
+            progress.update(sum(lengths))
+    return writer.close(meta | {"top_k": top_k, "vocab_size": vocab_size})

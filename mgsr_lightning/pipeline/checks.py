@@ -9,8 +9,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from mgsr_lightning import validation
-from mgsr_lightning.config_files import config_texts
+from mgsr_lightning.cli import validation
+from mgsr_lightning.cli.config_files import config_texts
 from mgsr_lightning.errors import ConfigError, MissingFileError
 from mgsr_lightning.evaluation.evaluate import EvalConfig
 from mgsr_lightning.pipeline.paths import CONFIGS

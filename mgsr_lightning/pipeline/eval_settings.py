@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mgsr_lightning.errors import ConfigError
-from mgsr_lightning.export import TRAINING_SETTINGS
+from mgsr_lightning.models.export import TRAINING_SETTINGS
 from mgsr_lightning.pipeline.paths import CONFIGS, composed_config
 
 SETTINGS = ("template", "max_new_tokens", "max_prompt_length", "eos_token")

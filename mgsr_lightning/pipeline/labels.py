@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from mgsr_lightning.config_files import composed_file
+from mgsr_lightning.cli.config_files import composed_file
 from mgsr_lightning.pipeline.paths import CONFIGS, composed_config
 
 TEACHER = "teacher"

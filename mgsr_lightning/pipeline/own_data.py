@@ -32,9 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from mgsr_lightning import atomic
-from mgsr_lightning.config_files import config_texts
+from mgsr_lightning.cli.config_files import config_texts
+from mgsr_lightning.cli.validation import at_least, writable_folder
 from mgsr_lightning.data.records import read_jsonl
 from mgsr_lightning.errors import ConfigError, MissingFileError
+from mgsr_lightning.missing import ROOT_ENVS
 from mgsr_lightning.pipeline.checks import TOKENIZER_FILES
 from mgsr_lightning.pipeline.manifest import Manifest, file_sha256, fingerprint
 from mgsr_lightning.pipeline.own_data_checks import (
@@ -47,8 +49,7 @@ from mgsr_lightning.pipeline.own_data_checks import (
     same_file,
 )
 from mgsr_lightning.pipeline.own_tokenizer import planned_tokenizer, tokenizer_step
-from mgsr_lightning.pipeline.paths import CONFIGS, ROOT_ENVS, composed_config, config_path, configured_root, environment
-from mgsr_lightning.validation import at_least, writable_folder
+from mgsr_lightning.pipeline.paths import CONFIGS, composed_config, config_path, configured_root, environment
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +93,7 @@ def _train_init_student(pair: str, root: Path, steps: int | None) -> dict[str, A
 
 def _sft(pair: str, name: str, root: Path, overrides: list[str]) -> dict[str, Any]:
     """``fit --config configs/<pair>/<name>.yaml`` on the root's data; returns what was trained."""
-    from mgsr_lightning.cli import run_cli
+    from mgsr_lightning.cli.lightning_cli import run_cli
 
     started = time.perf_counter()
     with environment(**{ROOT_ENVS[pair]: str(root)}):

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from mgsr_lightning.errors import ConfigError, MissingFileError
-from mgsr_lightning.pipeline.paths import ROOT_ENVS, composed_config
+from mgsr_lightning.missing import ROOT_ENVS
+from mgsr_lightning.pipeline.paths import composed_config
 
 SPLITS = ("train", "validation", "test")
 SPLIT_FILE_NAMES = {"train": ("train.jsonl",), "validation": ("validation.jsonl", "valid.jsonl", "val.jsonl"),
@@ -53,7 +54,7 @@ def rows_within_limits(records: list[dict[str, Any]], tokenizer, data_config: di
           name: str) -> tuple[int, dict[str, int]]:
     """How many rows the pair's length limits keep (as training and evaluation encode them), and why the others go."""
     from mgsr_lightning.data.datamodule import encode_records
-    from mgsr_lightning.tokenizer import token_id
+    from mgsr_lightning.models.tokenizer import token_id
 
     datamodule_log = logging.getLogger("mgsr_lightning.data.datamodule")
     tokenizer_log = logging.getLogger("transformers.tokenization_utils_base")  # "longer than model_max_length"

@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from mgsr_lightning import atomic
+from mgsr_lightning.cli.validation import at_least, writable_folder
 from mgsr_lightning.data.records import read_jsonl
 from mgsr_lightning.data.templates import PromptTemplate, render_prompt
 from mgsr_lightning.errors import ConfigError, MissingFileError
 from mgsr_lightning.pipeline.checks import TOKENIZER_FILES
 from mgsr_lightning.pipeline.manifest import Manifest, fingerprint, folder_sha256
 from mgsr_lightning.pipeline.own_data_checks import ADVICE, same_file
-from mgsr_lightning.validation import at_least, writable_folder
 
 
 def tokenizer_texts(records: list[dict[str, Any]], template: PromptTemplate) -> list[str]:
@@ -29,7 +29,7 @@ def tokenizer_texts(records: list[dict[str, Any]], template: PromptTemplate) -> 
 def train_bpe(records: list[dict[str, Any]], vocab_size: int, template: PromptTemplate, model_max_length: int,
                out: Path) -> int:
     """Train a byte-level BPE on ``records`` into ``out``; returns its vocabulary size."""
-    from mgsr_lightning.tokenizer import train_bpe_tokenizer
+    from mgsr_lightning.models.tokenizer import train_bpe_tokenizer
 
     with atomic.atomic_folder(out, last="tokenizer.json") as temporary:
         tokenizer = train_bpe_tokenizer(tokenizer_texts(records, template), vocab_size=vocab_size, save_dir=temporary,
@@ -91,7 +91,7 @@ def planned_tokenizer(root: Path, manifest: Manifest, train_records: list[dict[s
                        given: str | None, vocab_size: int, template: PromptTemplate, model_max_length: int):
     """The tokenizer the tokenizer step will leave in ``root/tokenizer``, without writing anything: the one there
     when it is reused, ``given``, or a BPE trained on the training rows in memory."""
-    from mgsr_lightning.tokenizer import load_tokenizer, train_bpe_tokenizer
+    from mgsr_lightning.models.tokenizer import load_tokenizer, train_bpe_tokenizer
 
     step_fingerprint = tokenizer_fingerprint(train_hash, given, vocab_size, template, model_max_length)
     if manifest.step_matches("tokenizer", step_fingerprint, root / "tokenizer"):
@@ -121,7 +121,7 @@ def tokenizer_step(root: Path, manifest: Manifest, train_records: list[dict[str,
                 planned.save_pretrained(str(temporary))
         else:
             train_bpe(train_records, vocab_size, template, model_max_length, tokenizer_dir)
-    from mgsr_lightning.tokenizer import load_tokenizer
+    from mgsr_lightning.models.tokenizer import load_tokenizer
 
     summary = {"vocab_size": len(load_tokenizer(str(tokenizer_dir))),
                "source": str(Path(given).resolve()) if given

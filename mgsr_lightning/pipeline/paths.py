@@ -7,8 +7,8 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from mgsr_lightning.config_files import composed_file
-from mgsr_lightning.missing import ROOT_ENVS, TINY_ROOT_ENV  # noqa: F401  (importable from here as before)
+from mgsr_lightning.cli.config_files import composed_file
+from mgsr_lightning.missing import ROOT_ENVS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = REPO_ROOT / "configs"

@@ -14,12 +14,14 @@ import shutil
 import time
 from pathlib import Path
 
-from mgsr_lightning import atomic, validation
+from mgsr_lightning import atomic
+from mgsr_lightning.cli import validation
 from mgsr_lightning.evaluation.report import format_table1, write_report
+from mgsr_lightning.missing import ROOT_ENVS
+from mgsr_lightning.pipeline import steps
 from mgsr_lightning.pipeline.checks import check_pair_and_methods
-from mgsr_lightning.pipeline.commands import _evaluate, _fit, _initialised_student, _pair_setup
 from mgsr_lightning.pipeline.labels import TEACHER_LABEL, method_label, pair_title
-from mgsr_lightning.pipeline.paths import REPO_ROOT, ROOT_ENVS, config_path, environment
+from mgsr_lightning.pipeline.paths import REPO_ROOT, config_path, environment
 
 PAPER_METHODS = ["sft", "kd", "seqkd", "imitkd", "minillm", "gkd", "distillm", "mgsr"]
 TINY_METHODS = ["sft", "kd", "rkl", "jsd", "gkd", "imitkd", "distillm", "abkd", "mgsr_base", "mgsr_scrg",
@@ -64,21 +66,21 @@ def reproduce(
     validation.writable_folder("results_dir", results)
     validation.writable_folder("runs", "runs")
     runs_root = Path("runs") / (f"reproduce-{pair}" if embedded else pair)
-    env, eval_sets, eval_config, teacher_dir = _pair_setup(pair, data_source, eval_source, max_eval_examples)
+    env, eval_sets, eval_config, teacher_dir = steps.pair_setup(pair, data_source, eval_source, max_eval_examples)
     if not (teacher_dir / "config.json").is_file():
         with environment(**env):
-            from mgsr_lightning.cli import run_cli
+            from mgsr_lightning.cli.lightning_cli import run_cli
 
             run_cli(["fit", "--config", str(config_path(pair, "teacher"))])
-    runs = [_evaluate(teacher_dir, runs_root / "teacher" / "eval", TEACHER_LABEL, eval_sets, eval_config)]
+    runs = [steps.evaluate(teacher_dir, runs_root / "teacher" / "eval", TEACHER_LABEL, eval_sets, eval_config)]
     timings = {}
     for method in methods:
         for seed in train_seeds:
             run_dir = runs_root / method / f"seed{seed}"
-            student = _fit(pair, method, run_dir, seed, env, _initialised_student(pair, runs_root, seed, env))
+            student = steps.fit(pair, method, run_dir, seed, env, steps.initialised_student(pair, runs_root, seed, env))
             seconds_file = run_dir / "train_seconds.txt"
             timings[f"{method}/seed{seed}"] = seconds_file.read_text().strip() if seconds_file.is_file() else "?"
-            runs.append(_evaluate(student, run_dir / "eval", method_label(method), eval_sets, eval_config))
+            runs.append(steps.evaluate(student, run_dir / "eval", method_label(method), eval_sets, eval_config))
     paths = write_report(runs, results, exact_match=embedded, title=f"ROUGE-L, {pair_title(pair)}")
     atomic.write_text(results / "runs.json", json.dumps({"runs": runs, "train_seconds": timings}, indent=1) + "\n")
     print(paths["table"].read_text())
@@ -96,9 +98,9 @@ def demo(method: str = "mgsr", seed: int = 0) -> None:
     check_pair_and_methods("tiny", [method])
     validation.writable_folder("runs", "runs")
     started = time.perf_counter()
-    env, eval_sets, eval_config, teacher_dir = _pair_setup("tiny", None, None, None)
+    env, eval_sets, eval_config, teacher_dir = steps.pair_setup("tiny", None, None, None)
     runs_root = Path("runs") / "demo"
-    runs = [_evaluate(teacher_dir, runs_root / "teacher" / "eval", TEACHER_LABEL, eval_sets, eval_config)]
+    runs = [steps.evaluate(teacher_dir, runs_root / "teacher" / "eval", TEACHER_LABEL, eval_sets, eval_config)]
     for name in ("sft", method):
         run_dir = runs_root / name
         for stale in (run_dir / "hf", run_dir / "eval", run_dir / "logs", run_dir / "fit.sha256"):
@@ -107,8 +109,8 @@ def demo(method: str = "mgsr", seed: int = 0) -> None:
                     shutil.rmtree(stale)
                 else:
                     stale.unlink()
-        student = _fit("tiny", name, run_dir, seed, env)
-        runs.append(_evaluate(student, run_dir / "eval", method_label(name), eval_sets, eval_config))
+        student = steps.fit("tiny", name, run_dir, seed, env)
+        runs.append(steps.evaluate(student, run_dir / "eval", method_label(name), eval_sets, eval_config))
     table = format_table1(runs, exact_match=True)
     atomic.write_text(runs_root / "table.md", table + "\n")
     print("\n" + table)

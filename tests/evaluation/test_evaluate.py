@@ -12,7 +12,8 @@ from tiny_models import build_tiny_model
 from mgsr_lightning.batch import Rollout
 from mgsr_lightning.evaluation.evaluate import EvalConfig, evaluate_model
 from mgsr_lightning.evaluation.readers import load_eval_set
-from mgsr_lightning.generation import SamplingConfig, decode_responses
+from mgsr_lightning.generation.decode import decode_responses
+from mgsr_lightning.generation.sampling import SamplingConfig
 
 DATA_ROOT = Path(__file__).parent / "fixtures" / "minillm_data"
 SCORER = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)

@@ -12,7 +12,8 @@ from tiny_models import build_tiny_model
 from torch import nn
 
 from mgsr_lightning.evaluation.exposure_bias import ex_acc_err, exposure_bias
-from mgsr_lightning.generation import Decoding, SamplingConfig
+from mgsr_lightning.generation.decode import Decoding
+from mgsr_lightning.generation.sampling import SamplingConfig
 
 EOS, PAD, A, B = 0, 1, 2, 3
 NEVER = float("-inf")

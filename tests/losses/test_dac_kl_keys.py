@@ -75,7 +75,7 @@ def test_key_order_is_a_descending_order_of_the_probabilities(dtype, temperature
 @pytest.mark.parametrize("options", OPTIONS, ids=OPTION_IDS)
 @pytest.mark.parametrize("temperature", [1.0, 2.0])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_sixteen_bit_keys_equal_the_float32_sort(dtype, temperature, options, written, monkeypatch):
+def test_sixteen_bit_keys_equal_the_float32_sort(dtype, temperature, options, written):
     student, teacher, mask = _hard_case(dtype)
     rows = teacher[mask]
     log_probs, padded = _teacher_log_probs(student[mask], rows, temperature)
@@ -85,10 +85,9 @@ def test_sixteen_bit_keys_equal_the_float32_sort(dtype, temperature, options, wr
         torch.nn.init.normal_(clip_net.mlp[-1].weight, generator=torch.Generator().manual_seed(1), std=0.5)
     results = []
     for keys in (True, False):
-        monkeypatch.setattr(dac_kl_band, "SIXTEEN_BIT_KEYS", keys)
         s = student.clone().requires_grad_(True)
         loss, diagnostics = dac_kl(s, teacher, mask, clip_net=clip_net, temperature=temperature,
-                                   written_backward=written, chunk_size=4, **options)
+                                   written_backward=written, chunk_size=4, sixteen_bit_keys=keys, **options)
         wrt = [s, *(clip_net.parameters() if clip_net is not None else ())]
         results.append((loss, diagnostics, torch.autograd.grad(loss, wrt)))
     (loss, diagnostics, grads), (float_loss, float_diagnostics, float_grads) = results
@@ -111,8 +110,8 @@ def test_blocked_sort_on_keys_equals_the_float32_sort_at_a_real_vocabulary(dtype
     assert not _collapsed(_teacher_log_probs(student, teacher, 1.0)[0], teacher)
     results = []
     for keys in (True, False):
-        monkeypatch.setattr(dac_kl_band, "SIXTEEN_BIT_KEYS", keys)
-        results.append(dac_kl_band.sort_teacher(student, teacher, 1.0, band="value_quantile", summary_k=256))
+        results.append(dac_kl_band.sort_teacher(student, teacher, 1.0, band="value_quantile", summary_k=256,
+                                                sixteen_bit_keys=keys))
     for ours, reference in zip(*results):
         assert torch.equal(ours, reference)
 
@@ -128,7 +127,7 @@ def test_the_order_within_ties_changes_the_loss():
 
 
 @pytest.mark.parametrize("band", ["mass", "value_quantile"])
-def test_collapsed_logits_change_the_loss_by_less_than_rounding(band, monkeypatch):
+def test_collapsed_logits_change_the_loss_by_less_than_rounding(band):
     # different logits near 0 round to the same float32 log-probability when the row's top logit is 20:
     # the key orders them by logit, the float32 sort by index. Their probability p <= e^-20 bounds the
     # weights' difference within such a tie (mass band: (m − 1) p / (4β); value quantile: (m − 1) / (4β(V' − 1))
@@ -141,9 +140,8 @@ def test_collapsed_logits_change_the_loss_by_less_than_rounding(band, monkeypatc
     assert _collapsed(_teacher_log_probs(student[0], teacher[0], 1.0)[0], teacher[0])
     results = []
     for keys in (True, False):
-        monkeypatch.setattr(dac_kl_band, "SIXTEEN_BIT_KEYS", keys)
         s = student.clone().requires_grad_(True)
-        loss, _ = dac_kl(s, teacher, mode="fixed", fixed_bounds=(0.0, 0.98), band=band)
+        loss, _ = dac_kl(s, teacher, mode="fixed", fixed_bounds=(0.0, 0.98), band=band, sixteen_bit_keys=keys)
         results.append((loss, torch.autograd.grad(loss, s)[0]))
     (loss, grad), (float_loss, float_grad) = results
     torch.testing.assert_close(loss, float_loss, rtol=1e-6, atol=0)

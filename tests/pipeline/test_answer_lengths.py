@@ -54,7 +54,7 @@ def test_evaluate_samples_enough_tokens_for_long_answers(tiny_assets, tmp_path, 
     """A model trained with 24 new tokens (``--preset tiny``) evaluated on answers of 40 words samples enough for
     them, and says so."""
     from mgsr_lightning.__main__ import main
-    from mgsr_lightning.tokenizer import load_tokenizer
+    from mgsr_lightning.models.tokenizer import load_tokenizer
 
     model = tmp_path / "model"
     shutil.copytree(tiny_assets["models"]["gpt2"]["student"], model)

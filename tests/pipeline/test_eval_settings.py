@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from mgsr_lightning.errors import ConfigError
-from mgsr_lightning.export import TRAINING_SETTINGS
-from mgsr_lightning.pipeline import commands, eval_settings
+from mgsr_lightning.models.export import TRAINING_SETTINGS
+from mgsr_lightning.pipeline import commands, eval_settings, steps
 
 TINY_TRAINING = {"template": "plain", "max_prompt_length": 48, "max_length": 72, "max_new_tokens": 24,
                  "eos_token": None}
@@ -53,9 +53,9 @@ def test_reproduce_evaluates_an_embedded_pair_as_its_preset_says(pair, tmp_path,
 
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "test.jsonl").write_text('{"instruction": "a", "input": "", "output": "b"}\n')
-    monkeypatch.setattr(commands, "prepare_tiny", lambda out, pair: tmp_path)
+    monkeypatch.setattr(steps, "prepare_tiny", lambda out, pair: tmp_path)
     monkeypatch.setattr(smollm2, "prepare_smollm2", lambda: tmp_path)
-    _, eval_sets, config, teacher = commands._pair_setup(pair, None, None, None)
+    _, eval_sets, config, teacher = steps.pair_setup(pair, None, None, None)
     preset = eval_settings.preset_settings(pair)
     assert (config.sampling.max_new_tokens, config.max_prompt_length, config.template) == (
         preset["max_new_tokens"], preset["max_prompt_length"], preset["template"])
@@ -77,7 +77,7 @@ def evaluated(monkeypatch):
         (out / "table.md").write_text(f"| {method} |\n")
         return {}
 
-    monkeypatch.setattr(commands, "_load", lambda folder, dtype: (torch.nn.Linear(1, 1), None))
+    monkeypatch.setattr(commands, "load_model", lambda folder, dtype: (torch.nn.Linear(1, 1), None))
     monkeypatch.setattr(commands, "evaluate_model", fake_evaluate_model)
     return calls
 

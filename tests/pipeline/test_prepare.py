@@ -141,7 +141,7 @@ def test_prepare_uses_a_given_tokenizer_and_validation_files_by_other_names(tmp_
 
 def test_train_tokenizer_command(tmp_path, user_data, capsys):
     from mgsr_lightning.__main__ import main
-    from mgsr_lightning.tokenizer import load_tokenizer
+    from mgsr_lightning.models.tokenizer import load_tokenizer
 
     main(["train-tokenizer", "--data", str(tmp_path / "my_data"), "--vocab_size", "280", "--template", "plain",
           "--out", str(tmp_path / "tok")])
@@ -225,7 +225,7 @@ def test_the_initial_student_and_the_advised_override_load_the_sft_student_s_wei
     from tiny_models import cli_overrides
     from transformers import AutoModelForCausalLM
 
-    from mgsr_lightning.cli import run_cli
+    from mgsr_lightning.cli.lightning_cli import run_cli
     from mgsr_lightning.pipeline.paths import CONFIGS
 
     root = own_data.prepare(data=str(tmp_path / "my_data"), out=str(tmp_path / "root"), vocab_size=300)
