@@ -65,14 +65,14 @@ def init_overrides(family: str, seed: int, env: dict[str, str]) -> tuple[str, ..
     """The overrides that start a student from the family's seed-``seed`` SFT-initialised student, trained
     once (under a lock, as parallel jobs ask for it): ``init.yaml`` where the family has one, else ``sft.yaml``,
     as ``prepare`` does on a user's data."""
-    from mgsr_lightning.pipeline import commands
+    from mgsr_lightning.pipeline import steps
     from mgsr_lightning.pipeline.own_data import init_config_name
 
     lock_path = RUNS / family / f"init-seed{seed}.lock"
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with lock_path.open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        init_dir = commands._fit(family, init_config_name(family), RUNS / family / "init" / f"seed{seed}", seed, env)
+        init_dir = steps.fit(family, init_config_name(family), RUNS / family / "init" / f"seed{seed}", seed, env)
     student = json.dumps({"name_or_path": str(init_dir.resolve()), "config": None})
     return (f"--model.init_args.student={student}",)
 
@@ -82,7 +82,7 @@ def train_one(grid: dict, family: str, name: str, seed: int, test: bool, spec: d
     compact result."""
     import torch
 
-    from mgsr_lightning.pipeline import commands
+    from mgsr_lightning.pipeline import steps
 
     torch.set_num_threads(1)
     spec = spec or candidates(grid)[name]
@@ -90,16 +90,16 @@ def train_one(grid: dict, family: str, name: str, seed: int, test: bool, spec: d
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with lock_path.open("w") as lock:  # the family's data, tokenizer and teacher, prepared once
         fcntl.flock(lock, fcntl.LOCK_EX)
-        env, eval_sets, eval_config, _ = commands._pair_setup(family, None, None, None)
+        env, eval_sets, eval_config, _ = steps.pair_setup(family, None, None, None)
     init = init_overrides(family, seed, env)
     run_dir = RUNS / family / name / f"seed{seed}"
-    student = commands._fit(family, spec["config"], run_dir, seed, env, init + overrides_of(spec))
+    student = steps.fit(family, spec["config"], run_dir, seed, env, init + overrides_of(spec))
     result = {"family": family, "name": name, "seed": seed, "config": spec["config"],
               "overrides": spec.get("overrides", {}), "curve": validation_curve(run_dir)}
     seconds = run_dir / "train_seconds.txt"
     result["train_seconds"] = float(seconds.read_text()) if seconds.is_file() else None
     if test:
-        metrics = commands._evaluate(student, run_dir / "eval", name, eval_sets, eval_config)
+        metrics = steps.evaluate(student, run_dir / "eval", name, eval_sets, eval_config)
         result["test"] = {"rougeL": metrics["avg"]["rougeL"], "exact_match": metrics["avg"].get("exact_match"),
                           "per_seed": metrics.get("per_seed")}
     previous = read_result(family, name, seed) or {}
@@ -300,7 +300,7 @@ LIBRARY = {"variant": "rest", "base": ("alpha_beta", {"alpha": 0.2, "beta": 0.7}
 
 def effective_init_args(family: str, spec: dict) -> dict:
     """The module's init args of a candidate: its composed config with the grid's overrides applied."""
-    from mgsr_lightning.config_files import composed_file
+    from mgsr_lightning.cli.config_files import composed_file
 
     config = composed_file(REPO / "configs" / family / f"{spec['config']}.yaml")
     args = config["model"]["init_args"]

@@ -28,10 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from mgsr_lightning import atomic
+from mgsr_lightning.cli.validation import at_least
 from mgsr_lightning.errors import ConfigError, MissingFileError
+from mgsr_lightning.missing import ROOT_ENVS
 from mgsr_lightning.pipeline.manifest import MANIFEST_NAME, Manifest
-from mgsr_lightning.pipeline.paths import CONFIGS, ROOT_ENVS, composed_config
-from mgsr_lightning.validation import at_least
+from mgsr_lightning.pipeline.paths import CONFIGS, composed_config
 
 DEFAULT_METHODS = ("sft", "kd", "distillm", "abkd", "mgsr", "mgsr_paper")
 INIT_STUDENT_CONFIG = "init_student.yaml"
@@ -75,11 +76,11 @@ def step_overrides(pair: str, method: str, max_steps: int | None) -> list[str]:
 
 def train_method(root: str, pair: str, method: str, seed: int, max_steps: int | None, fit_args: list[str]) -> None:
     """Train one method into ``<root>/select/<method>`` (in this process; resumes, or finds it trained)."""
-    from mgsr_lightning.pipeline import commands
+    from mgsr_lightning.pipeline import steps
 
     folder = Path(root)
     overrides = ("--config", str(folder / INIT_STUDENT_CONFIG), *step_overrides(pair, method, max_steps), *fit_args)
-    commands._fit(pair, method, folder / "select" / method, seed, {ROOT_ENVS[pair]: str(folder)}, overrides)
+    steps.fit(pair, method, folder / "select" / method, seed, {ROOT_ENVS[pair]: str(folder)}, overrides)
 
 
 def last_step(run_dir: Path) -> int:
@@ -228,8 +229,8 @@ def select(
     """
     from mgsr_lightning.data.records import load_records
     from mgsr_lightning.evaluation.evaluate import EvalConfig
-    from mgsr_lightning.generation import SamplingConfig
-    from mgsr_lightning.pipeline import commands
+    from mgsr_lightning.generation.sampling import SamplingConfig
+    from mgsr_lightning.pipeline import steps
     from mgsr_lightning.pipeline.eval_settings import preset_settings
     from mgsr_lightning.pipeline.labels import method_label
 
@@ -262,7 +263,7 @@ def select(
     for method in methods:
         print(f"select: scoring {method} on the validation split", flush=True)
         out = folder / "select" / "eval" / method
-        metrics = commands._evaluate(folder / "select" / method / "hf", out, method_label(method), validation, config)
+        metrics = steps.evaluate(folder / "select" / method / "hf", out, method_label(method), validation, config)
         scores[method] = {"rougeL": metrics["sets"]["validation"]["rougeL"],
                           "rougeL_per_seed": metrics["sets"]["validation"]["rougeL_per_seed"],
                           "exact_match": metrics["sets"]["validation"]["exact_match"]}
