@@ -220,7 +220,14 @@ class DistillCLI(LightningCLI):
                 and not any(isinstance(callback, ProgressBar) for callback in configured)):
             # where Lightning would add its default RichProgressBar: ours, whose description reads right
             kwargs["callbacks"] = [*configured, StepLimitedRichProgressBar()]
-        trainer = super().instantiate_trainer(**kwargs)
+        from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+        try:
+            trainer = super().instantiate_trainer(**kwargs)
+        # the Trainer's own checks of its arguments (a device count, a strategy on this accelerator, a missing
+        # package a strategy needs): values the checks before did not foresee
+        except (MisconfigurationException, ValueError, ImportError) as error:
+            raise ConfigError(f"trainer: {str(error).strip() or type(error).__name__}") from None
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
         teacher_cache = getattr(self.datamodule, "hparams", {}).get("teacher_cache") if self.datamodule else None
