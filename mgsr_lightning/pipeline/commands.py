@@ -5,6 +5,7 @@ experiments: :mod:`mgsr_lightning.pipeline.steps`).
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,37 @@ from mgsr_lightning.pipeline.labels import method_label
 from mgsr_lightning.pipeline.steps import load_model
 
 log = logging.getLogger(__name__)
+
+
+def _held_results(folder: Path) -> str | None:
+    """Whose results ``folder`` holds (the label in its ``metrics.json``), or None when it holds none."""
+    metrics = folder / "metrics.json"
+    if not metrics.is_file():
+        return None
+    try:
+        return str(json.loads(metrics.read_text()).get("method") or folder.name)
+    except (OSError, ValueError, AttributeError):
+        return folder.name
+
+
+def result_folders(out: Path, short_names: list[str]) -> list[Path]:
+    """Where ``evaluate`` writes each model's results: ``out`` itself for one model, ``out/<name>`` for several, and
+    for one model ``out/<name>`` too when ``out`` already holds other models' folders (written beside them, so that
+    ``table --runs '[out]'`` reads one layout). Results already there are never replaced: refused, naming them."""
+    per_model = sorted(path.parent for path in out.glob("*/metrics.json")) if out.is_dir() else []
+    if len(short_names) > 1 and (out / "metrics.json").is_file():
+        raise ConfigError(f"out: {out} holds the results of one model ({_held_results(out)}) in metrics.json, and "
+                          f"these {len(short_names)} models would be written into folders beside them, two layouts "
+                          "`table` cannot read as one: give another --out")
+    targets = [out / name for name in short_names] if len(short_names) > 1 or per_model else [out]
+    for target in targets:
+        held = _held_results(target)
+        if held is not None:
+            raise ConfigError(f"out: {target} already holds results ({held}, {target / 'metrics.json'}), which "
+                              "evaluate never replaces: give another --out, or move that folder away to evaluate "
+                              "again")
+    return targets
+
 
 def evaluate(
     model: str | list[str],
@@ -53,9 +85,10 @@ def evaluate(
     Args:
         model: A folder written by ``save_pretrained`` (e.g. a run's ``hf/``) or a hub id; or a list of
             them, each evaluated into ``out/<name>/`` (``table --runs '[out]'`` merges them into one table).
+            One model is evaluated into ``out`` itself, or into ``out/<name>/`` when ``out`` holds such folders.
         sets: Names of MiniLLM's sets (dolly, self_inst, vicuna, sinst, uinst) or JSONL paths (default: all five).
         eval_source: Folder holding MiniLLM's evaluation sets (default: the hub releases).
-        out: Output folder.
+        out: Output folder; results already in it are never replaced (evaluate refuses and says which).
         seeds: Sampling seeds (default 10 20 30 40 50).
         preset: A model pair (``tiny``, ``reason``, ``gpt2``, ...) whose ``configs/<pair>/base.yaml`` gives
             the template and lengths, for models saved without training settings.
@@ -78,6 +111,9 @@ def evaluate(
     validation.at_least("max_new_tokens", max_new_tokens, 1)
     validation.at_least("max_prompt_length", max_prompt_length, 1)
     validation.at_least("max_examples", max_examples, 1)
+    if sets is not None and not sets:
+        raise ConfigError(f"sets: give at least one evaluation set (a JSONL file or one of {', '.join(EVAL_SETS)}), "
+                          "or leave --sets out for all five of MiniLLM's")
     if seeds is not None and not seeds:
         raise ConfigError("seeds: give at least one sampling seed, e.g. --seeds '[10, 20, 30, 40, 50]' "
                           "(the default when --seeds is left out)")
@@ -122,12 +158,22 @@ def evaluate(
                 f"evaluation set not found: {name!r} is neither a file nor one of {', '.join(EVAL_SETS)}"
             )
     validation.writable_folder("out", out)
+    targets = result_folders(Path(out), short_names)
+    if len(plans) == 1 and targets[0] != Path(out):
+        print(f"{out} holds other models' results, each in its folder: {models[0]} is written beside them, into "
+              f"{targets[0]}", flush=True)
     eval_sets = {}
     for name in sets or list(EVAL_SETS):
-        eval_sets[Path(name).stem if name not in EVAL_SETS else name] = (
-            load_eval_set(name, eval_source) if name in EVAL_SETS else load_records(name)
-        )
-    for name, settings, sources in plans:
+        try:
+            eval_sets[Path(name).stem if name not in EVAL_SETS else name] = (
+                load_eval_set(name, eval_source) if name in EVAL_SETS else load_records(name)
+            )
+        except MissingFileError as error:
+            if sets is not None:
+                raise
+            raise MissingFileError(f"sets: left out, so MiniLLM's five sets ({', '.join(EVAL_SETS)}) are scored, and "
+                                   f"{error}; or give your own JSONL files: --sets '[test.jsonl]'") from None
+    for (name, settings, sources), model_out in zip(plans, targets):
         folder = Path(name)
         short_name = folder.parent.name if folder.name == "hf" else folder.name
         settings, sources, note = answer_lengths.sized_for(name, settings, sources, eval_sets, max_examples)
@@ -140,12 +186,11 @@ def evaluate(
             template=settings["template"], eos_token=settings["eos_token"],
         )
         loaded, tokenizer = load_model(folder, torch.bfloat16 if torch.cuda.is_available() else torch.float32)
-        model_out = Path(out) if len(plans) == 1 else Path(out) / short_name
         evaluate_model(loaded, tokenizer, eval_sets, config, model_out,
                        method=label or method_label(short_name))
         del loaded
         print((model_out / "table.md").read_text())
-    if len(plans) > 1:
+    if len(targets) > 1 or targets[0] != Path(out):
         print(f"one table of all of them: python -m mgsr_lightning table --runs '[{out}]' --out <folder>")
 
 
