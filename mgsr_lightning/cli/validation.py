@@ -240,6 +240,10 @@ def check_trainer_args(trainer: Any, stage: str) -> None:
     fast_dev_run = get_dotted(trainer, "fast_dev_run")
     if fast_dev_run is not None and not isinstance(fast_dev_run, bool) and fast_dev_run < 0:
         raise ConfigError(f"trainer.fast_dev_run must be true, false or a number of batches >= 0, got {fast_dev_run}")
+    interval = get_dotted(trainer, "val_check_interval")
+    if isinstance(interval, (int, float)) and not isinstance(interval, bool) and interval <= 0:
+        raise ConfigError(f"trainer.val_check_interval must be > 0 (steps between validations, or a share of an epoch "
+                          f"in (0, 1]), got {interval}; to validate never, set --trainer.limit_val_batches=0")
     accelerator = get_dotted(trainer, "accelerator")
     if isinstance(accelerator, str) and not _accelerator_available(accelerator.lower()):
         raise ConfigError(f"trainer.accelerator={accelerator}: this machine has no such device (PyTorch finds no "
@@ -254,6 +258,9 @@ def check_run_config(config: Any, stage: str) -> None:
     init = get_dotted(config, "model.init_args")
     data = get_dotted(config, "data")
     trainer = get_dotted(config, "trainer")
+    seed = get_dotted(config, "seed_everything")
+    if isinstance(seed, int) and not isinstance(seed, bool) and not 0 <= seed <= 2**32 - 1:
+        raise ConfigError(f"seed_everything must be in [0, 2**32 - 1] (what numpy accepts), got {seed}")
     if trainer is not None:
         check_trainer_args(trainer, stage)
     if init is not None:
