@@ -60,6 +60,10 @@ def export_to(folder: Path) -> str:
     ("--trainer.fast_dev_run=-1", "trainer.fast_dev_run must be true, false or a number of batches >= 0, got -1"),
     ("--trainer.accelerator=gpu", "trainer.accelerator=gpu: this machine has no such device (PyTorch finds no CUDA "
                                   "GPU); use --trainer.accelerator=cpu"),
+    ("--trainer.val_check_interval=0", "trainer.val_check_interval must be > 0 (steps between validations, or a share "
+                                       "of an epoch in (0, 1]), got 0; to validate never, set "
+                                       "--trainer.limit_val_batches=0"),
+    ("--seed_everything=-1", "seed_everything must be in [0, 2**32 - 1] (what numpy accepts), got -1"),
 ])
 def test_trainer_values_lightning_rejects_are_one_line_before_any_work(option, expected, students, tiny_assets,
                                                                         tmp_path, capsys, monkeypatch):
@@ -155,6 +159,11 @@ def test_evaluate_refuses_to_replace_results_and_writes_one_model_beside_the_oth
     line = error_line(evaluate_args([c_teacher, b_sft], out, tiny_assets), capsys)
     assert (f"out: {out / 'teacher'} already holds results (Teacher, {out / 'teacher' / 'metrics.json'}), which "
             "evaluate never replaces: give another --out") in line
+    assert contents(out) == before
+    main(evaluate_args([a_teacher, b_sft], out, tiny_assets))  # the same command again (after a Ctrl-C): kept
+    printed = capsys.readouterr().out
+    assert f"{a_teacher}: already evaluated this way, kept in {out / 'teacher'}" in printed
+    assert f"{b_sft}: already evaluated this way, kept in {out / 'sft'}" in printed
     assert contents(out) == before
     main(evaluate_args([c_kd], out, tiny_assets))  # one model: beside the others, not into E itself
     assert f"{out} holds other models' results, each in its folder: {c_kd} is written beside them" in (
@@ -317,3 +326,53 @@ def test_lightning_log_lines_print_once():
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     lines = [line for line in result.stderr.splitlines() if "GPU available: no" in line]
     assert lines == ["INFO lightning.pytorch.utilities.rank_zero: GPU available: no"], result.stderr
+
+
+# ---- a second pass: config files of the wrong shape, an interval past the epoch, Ctrl-C, a file as a folder ------
+
+def test_a_config_file_of_the_wrong_shape_is_named(tmp_path, capsys):
+    cases = {"list.yaml": ("- trainer\n- data\n", "a config file is a mapping of options (trainer:, model:, data:, "
+                                                    "...); it holds a list"),
+             "empty.yaml": ("", "a config file is a mapping of options (trainer:, model:, data:, ...); it is empty"),
+             "scalar.yaml": ("data: 5\n", "data is a group of options (data: {...}), got the value 5")}
+    for name, (text, expected) in cases.items():
+        (tmp_path / name).write_text(text)
+        line = error_line(["fit", "--config", KD_CONFIG, "--config", str(tmp_path / name)], capsys)
+        assert f"error: {tmp_path / name}: {expected}" in line
+
+
+def test_a_validation_interval_longer_than_an_epoch_is_one_line(tiny_assets, tmp_path, capsys):
+    line = error_line(fit_args(tiny_assets, tmp_path / "run", "--trainer.check_val_every_n_epoch=1",
+                               "--trainer.val_check_interval=1000"), capsys, only_line=False)
+    assert ("trainer.val_check_interval: `val_check_interval` (1000) must be less than or equal to the number of the "
+            "training batches (21)") in line
+
+
+def test_ctrl_c_in_a_pipeline_command_is_one_line(tiny_assets, tmp_path, capsys, monkeypatch):
+    from mgsr_lightning.pipeline import commands
+
+    def ctrl_c(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(commands, "_load", ctrl_c)
+    student = model_folder(tiny_assets, tmp_path / "student")
+    line = error_line(evaluate_args([student], tmp_path / "eval", tiny_assets), capsys, only_line=False)
+    assert line.startswith("error: evaluate interrupted (Ctrl-C); its files are written whole or marked unfinished")
+    assert not (tmp_path / "eval").exists()
+
+
+def test_train_tokenizer_names_a_file_given_as_its_folder(tiny_assets, tmp_path, capsys):
+    mine = tmp_path / "tokenizer"
+    mine.write_text("mine")
+    line = error_line(["train-tokenizer", "--data", str(tiny_assets["data"] / "train.jsonl"), "--out", str(mine)],
+                      capsys)
+    assert f"out: {mine} is a file; give a new or empty folder" in line and mine.read_text() == "mine"
+
+
+def test_a_resumed_fit_exports_where_its_command_says_not_where_the_checkpoint_did(exported, tiny_assets, tmp_path):
+    before = contents(exported)
+    checkpoint = exported.parent.parent / "run" / "kd" / "version_0" / "checkpoints" / "last.ckpt"
+    run_cli(fit_args(tiny_assets, tmp_path / "run", export_to(tmp_path / "resumed"), "--trainer.max_steps=4",
+                     f"--ckpt_path={checkpoint}"))
+    assert json.loads((tmp_path / "resumed" / "mgsr_training.json").read_text())["validation"]["step"] == 4
+    assert contents(exported) == before
