@@ -276,6 +276,7 @@ def test_cache_teacher_refuses_a_file_as_its_folder_and_a_device_the_machine_lac
     line = error_line([*base, "--out", str(tmp_path / "cache"), "--device", "cuda"], capsys)
     assert "device: cuda is not on this machine (PyTorch finds 0 CUDA GPUs); use --device cpu" in line
     assert "is not a device PyTorch knows" in error_line([*base, "--device", "gpu0"], capsys)
+    assert "batch_size must be >= 1, got 0" in error_line([*base, "--batch_size", "0"], capsys)
     theirs = tmp_path / "documents"
     theirs.mkdir()
     (theirs / "notes.txt").write_text("mine")
@@ -376,3 +377,10 @@ def test_a_resumed_fit_exports_where_its_command_says_not_where_the_checkpoint_d
                      f"--ckpt_path={checkpoint}"))
     assert json.loads((tmp_path / "resumed" / "mgsr_training.json").read_text())["validation"]["step"] == 4
     assert contents(exported) == before
+
+
+def test_evaluate_refuses_an_empty_label(tiny_assets, tmp_path, capsys):
+    student = model_folder(tiny_assets, tmp_path / "student")
+    line = error_line([*evaluate_args([student], tmp_path / "eval", tiny_assets), "--label", " "], capsys)
+    assert "label: give the row's name, or leave --label out for the folder's name" in line
+    assert not (tmp_path / "eval").exists()

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from mgsr_lightning.batch import Rollout
-from mgsr_lightning.cli.validation import available_device, writable_folder
+from mgsr_lightning.cli.validation import at_least, available_device, writable_folder
 from mgsr_lightning.data.collate import EncodedExample, InstructionCollator
 from mgsr_lightning.data.teacher_cache import (
     ENTRIES_FILE,
@@ -89,6 +89,7 @@ def cache_teacher(
     from mgsr_lightning.cli.lightning_cli import run_cli
 
     available_device("device", device)
+    at_least("batch_size", batch_size, 1)
     if top_k < 1:
         raise ConfigError(f"top_k must be at least 1, got {top_k}")
     configs = list(fit_config)

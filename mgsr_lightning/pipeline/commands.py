@@ -113,6 +113,8 @@ def evaluate(
     models = [model] if isinstance(model, str) else list(model)
     if not models:
         raise ConfigError("model: give at least one model folder")
+    if label is not None and not label.strip():
+        raise ConfigError("label: give the row's name, or leave --label out for the folder's name")
     if label is not None and len(models) > 1:
         raise ConfigError("label names one model's row; with several models each row is named after its folder")
     validation.at_least("batch_size", batch_size, 1)
