@@ -22,8 +22,8 @@ import pytest
 from test_errors import KD_CONFIG, OFFLINE_ENV, REPO, error_line, files_under, fit_args, model_folder, write_rows
 
 from mgsr_lightning.__main__ import main
-from mgsr_lightning.callbacks import ExportReplacesBetterWarning, ExportSkippedWarning
-from mgsr_lightning.cli import run_cli
+from mgsr_lightning.cli.lightning_cli import run_cli
+from mgsr_lightning.training.callbacks import ExportReplacesBetterWarning, ExportSkippedWarning
 
 
 def contents(folder: Path) -> dict[str, bytes]:
@@ -239,7 +239,7 @@ def test_evaluate_with_no_sets_or_an_empty_list_of_them(tiny_assets, tmp_path, c
 
 def test_reproduce_refuses_empty_lists_and_says_which_data_it_uses(tmp_path, capsys, monkeypatch):
     from mgsr_lightning.errors import UserError
-    from mgsr_lightning.pipeline import reproduce
+    from mgsr_lightning.pipeline import steps
 
     monkeypatch.chdir(tmp_path)
     results = ["--results_dir", str(tmp_path / "results")]
@@ -252,7 +252,7 @@ def test_reproduce_refuses_empty_lists_and_says_which_data_it_uses(tmp_path, cap
     def stop(*args):
         raise UserError("stopped before preparing the data")
 
-    monkeypatch.setattr(reproduce, "_pair_setup", stop)
+    monkeypatch.setattr(steps, "pair_setup", stop)
     monkeypatch.setenv("MGSR_TINY_DIR", str(tmp_path / "mine"))
     with pytest.raises(SystemExit):
         main(["reproduce", "--pair", "tiny", *results])
@@ -355,7 +355,7 @@ def test_ctrl_c_in_a_pipeline_command_is_one_line(tiny_assets, tmp_path, capsys,
     def ctrl_c(*args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(commands, "_load", ctrl_c)
+    monkeypatch.setattr(commands, "load_model", ctrl_c)
     student = model_folder(tiny_assets, tmp_path / "student")
     line = error_line(evaluate_args([student], tmp_path / "eval", tiny_assets), capsys, only_line=False)
     assert line.startswith("error: evaluate interrupted (Ctrl-C); its files are written whole or marked unfinished")
