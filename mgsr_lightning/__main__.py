@@ -118,6 +118,11 @@ def main(argv: list[str] | None = None) -> None:
         if from_command_line:
             sys.argv[1:] = argv  # LightningCLI reads sys.argv itself (given both, it warns)
         run_cli(None if from_command_line else argv)
+    except KeyboardInterrupt:  # Ctrl-C outside a fit (which Lightning turns into FitInterrupted)
+        if debug:
+            raise
+        exit_with(f"{name} interrupted (Ctrl-C); its files are written whole or marked unfinished, so none left "
+                  "half-written passes for a finished one: run the same command again to finish")
     except Exception as error:  # noqa: BLE001 - expected errors end here in one line; bugs are re-raised
         report(error, debug)
         raise

@@ -1,5 +1,5 @@
-"""Where Lightning's own behaviour is adjusted: what it prints that a user of our commands cannot act on, its
-progress bar under ``max_steps``, its CSV log on resume, and its reading of ``sys.argv``.
+"""Where Lightning's own behaviour is adjusted: what it prints that a user of our commands cannot act on, its log
+lines printed once, its progress bar under ``max_steps``, its CSV log on resume, and its reading of ``sys.argv``.
 
 Each piece is narrow (one message, one logger, one method) so that everything else Lightning says still shows.
 """
@@ -25,9 +25,31 @@ class _NoAdvertisements(logging.Filter):
         return not str(record.msg).startswith("💡 Tip:")
 
 
+# loggers on which Lightning installs a handler of its own when it is imported
+LIGHTNING_LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric", "lightning_fabric", "pytorch_lightning")
+
+
+def log_lines_once() -> None:
+    """Leave Lightning's log lines to the root logger's handler when there is one (the command line sets it up).
+
+    Imported after that handler exists, ``lightning`` adds a handler of its own to its top logger and still
+    propagates to the root, so every INFO line would print twice (``INFO: ...`` and ``INFO lightning...: ...``).
+    Without a root handler (a library user's program) Lightning's handlers are left as they are."""
+    if not logging.getLogger().handlers:
+        return
+    for name in LIGHTNING_LOGGERS:
+        logger = logging.getLogger(name)
+        for handler in list(logger.handlers):
+            if type(handler) is logging.StreamHandler:
+                logger.removeHandler(handler)
+        logger.propagate = True
+
+
 def quiet_lightning() -> None:
     """Silence what Lightning prints that a user of our commands cannot act on, and nothing else: its own
-    use of torch's deprecated ``LeafSpec`` (a FutureWarning from one module) and its "Tip" lines."""
+    use of torch's deprecated ``LeafSpec`` (a FutureWarning from one module) and its "Tip" lines; and print
+    each of its log lines once (:func:`log_lines_once`)."""
+    log_lines_once()
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
                             category=FutureWarning, module=r"lightning\.pytorch\.utilities\._pytree")
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero",

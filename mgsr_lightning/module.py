@@ -89,7 +89,10 @@ class DistillLightningModule(L.LightningModule):
         optimizer: Optimizer and schedule.
         validation: Validation generation metrics.
         export_dir: Folder the student is saved to in Hugging Face format at the end of fit (the
-            checkpoint with the best monitored metric when a ``ModelCheckpoint`` monitors one).
+            checkpoint with the best monitored metric when a ``ModelCheckpoint`` monitors one). Only a run
+            that trained and validated exports (not ``fast_dev_run``, nor a run that never validated).
+        export_weights: ``best`` (default): the best checkpoint's weights, else the final ones of a run that
+            validated; ``last``: the final weights, validated or not.
         seed: Seed of the module's own random draws: config-built models' initialisation (unless
             their source sets one), the regime's choices and the rollouts' sampling. The CLI links
             it to ``seed_everything``, so one training seed varies all of them.
@@ -116,6 +119,7 @@ class DistillLightningModule(L.LightningModule):
         optimizer: OptimizerConfig = OptimizerConfig(),
         validation: ValidationConfig = ValidationConfig(),
         export_dir: str | None = None,
+        export_weights: Literal["best", "last"] = "best",
         seed: int = 0,
         teacher_cache: str | None = None,
     ):
@@ -141,7 +145,8 @@ class DistillLightningModule(L.LightningModule):
         self.distill, self.minillm, self.span = distill, minillm, span
         self.decoding_config = decoding
         self.sampling, self.optimizer_config, self.validation_config = sampling, optimizer, validation
-        self.export_dir, self.seed = export_dir, seed
+        self.export_dir, self.export_weights = export_dir, export_weights
+        self.seed = seed
         self.clip_net = build_clip_net(distill)
         self.objective.clip_net = self.clip_net
         # built by configure_model (the Trainer calls it once, sharded under FSDP) or on checkpoint load
@@ -217,7 +222,7 @@ class DistillLightningModule(L.LightningModule):
         if self.regime_config.name == "teacher_generated":
             callbacks.append(TeacherResponses())
         if self.export_dir is not None:
-            callbacks.append(ExportStudent(self.export_dir))
+            callbacks.append(ExportStudent(self.export_dir, self.export_weights))
         return callbacks
 
     def train(self, mode: bool = True):

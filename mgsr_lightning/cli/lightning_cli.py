@@ -46,6 +46,8 @@ INPUT_PATH_KEYS = ("data.tokenizer", "data.train_data", "data.val_data", "data.t
                    "model.init_args.teacher_cache", "model.init_args.tokenizer", "model.init_args.student.name_or_path",
                    "model.init_args.teacher.name_or_path")
 OUTPUT_PATH_KEYS = ("model.init_args.export_dir", "model.init_args.regime.cache_path")
+# the model's options that decide where its student is exported, not how it trains
+EXPORT_KEYS = ("export_dir", "export_weights")
 
 
 def use_config_loader() -> None:
@@ -98,6 +100,31 @@ def _unknown_config_keys(files: list[Path], known: set[str]) -> list[str]:
     return unknown
 
 
+# top-level options that are groups of options, never one value
+OPTION_GROUPS = ("trainer", "data")
+
+
+def _config_shape_problem(files: list[Path]) -> str | None:
+    """What is wrong with the shape of a config file that is not a mapping of options (an empty file, a list), or
+    that gives a group of options (``trainer``, ``data``) one value; None when every file is a mapping."""
+    for path in files:
+        cwd = os.getcwd()
+        try:
+            os.chdir(path.resolve().parent)
+            data = load_config_text(path.read_text())
+        except (OSError, yaml.YAMLError, ValueError):
+            continue
+        finally:
+            os.chdir(cwd)
+        if not isinstance(data, dict):
+            what = "it is empty" if data is None else f"it holds a {type(data).__name__}"
+            return f"{path}: a config file is a mapping of options (trainer:, model:, data:, ...); {what}"
+        for key in OPTION_GROUPS:
+            if key in data and data[key] is not None and not isinstance(data[key], dict):
+                return f"{path}: {key} is a group of options ({key}: {{...}}), got the value {data[key]!r}"
+    return None
+
+
 class FitInterrupted(UserError):
     """``fit`` stopped by Ctrl-C; the message names the checkpoint to resume from."""
 
@@ -131,6 +158,10 @@ class DistillCLI(LightningCLI):
             if subcommand != "fit" or not self.trainer.interrupted:
                 raise
             raise FitInterrupted(_interrupted_line(self.trainer)) from None
+        except ValueError as error:  # the one Trainer value checked only once the data is known
+            if "`val_check_interval`" not in str(error):
+                raise
+            raise ConfigError(f"trainer.val_check_interval: {' '.join(str(error).split())}") from None
 
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
         use_config_loader()
@@ -146,6 +177,19 @@ class DistillCLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         check_run_config(self.config[subcommand] if subcommand else self.config, subcommand or "fit")
 
+    def _parse_ckpt_path(self) -> None:
+        """LightningCLI replaces the model's options with those stored in ``ckpt_path``, so that a resumed run trains
+        as the interrupted one did; where its student goes (``export_dir``, ``export_weights``) does not change the
+        training, and is kept as this command gives it rather than silently taken from the checkpoint."""
+        subcommand = self.config.get("subcommand")
+        init = _namespace_get(self.config[subcommand], "model.init_args") if subcommand else None
+        given = {key: getattr(init, key, None) for key in EXPORT_KEYS} if init is not None else {}
+        super()._parse_ckpt_path()
+        init = _namespace_get(self.config[subcommand], "model.init_args") if subcommand else None
+        for key, value in given.items():
+            if init is not None and getattr(init, key, None) != value:
+                setattr(init, key, value)
+
     def _parser_error_line(self, parser: LightningArgumentParser, argv: list[str], message: str) -> str:
         subcommands = getattr(self, "_subcommand_parsers", {})
         subcommand = next((arg for arg in argv if arg in subcommands), None)
@@ -159,6 +203,9 @@ class DistillCLI(LightningCLI):
             return sorted({dest.split(".")[0] for dest in inner if dest})
 
         files = _config_files(argv)
+        shape = _config_shape_problem(files)
+        if shape is not None:
+            return shape
         if subcommand is not None and message.strip() == f"unrecognized arguments: {subcommand}":
             unknown = _unknown_config_keys(files, set(options_under("")))
             if unknown:
@@ -220,7 +267,14 @@ class DistillCLI(LightningCLI):
                 and not any(isinstance(callback, ProgressBar) for callback in configured)):
             # where Lightning would add its default RichProgressBar: ours, whose description reads right
             kwargs["callbacks"] = [*configured, StepLimitedRichProgressBar()]
-        trainer = super().instantiate_trainer(**kwargs)
+        from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+        try:
+            trainer = super().instantiate_trainer(**kwargs)
+        # the Trainer's own checks of its arguments (a device count, a strategy on this accelerator, a missing
+        # package a strategy needs): values the checks before did not foresee
+        except (MisconfigurationException, ValueError, ImportError) as error:
+            raise ConfigError(f"trainer: {str(error).strip() or type(error).__name__}") from None
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
         teacher_cache = getattr(self.datamodule, "hparams", {}).get("teacher_cache") if self.datamodule else None

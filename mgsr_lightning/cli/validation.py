@@ -198,12 +198,71 @@ def check_data_args(data: Any, stage: str) -> None:
             read_jsonl(Path(value).expanduser())
 
 
+def _accelerator_available(name: str) -> bool:
+    import torch
+
+    if name in ("gpu", "cuda"):
+        return torch.cuda.is_available() or (name == "gpu" and torch.backends.mps.is_available())
+    if name == "mps":
+        return torch.backends.mps.is_available()
+    return True  # cpu, auto, and accelerators Lightning checks itself
+
+
+def available_device(name: str, device: str | None) -> None:
+    """``device`` (``cpu``, ``cuda``, ``cuda:1``, ``mps``, ...) is one PyTorch knows and this machine has."""
+    import torch
+
+    if device is None:
+        return
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ConfigError(f"{name}: {device!r} is not a device PyTorch knows (cpu, cuda, cuda:1, mps, ...)") from None
+    count = torch.cuda.device_count() if parsed.type == "cuda" else 1 if _accelerator_available(parsed.type) else 0
+    if count == 0 or (parsed.index is not None and parsed.index >= count):
+        found = f"{count} CUDA GPU{'s' if count != 1 else ''}" if parsed.type == "cuda" else f"no {parsed.type}"
+        raise ConfigError(f"{name}: {device} is not on this machine (PyTorch finds {found}); use --{name} cpu, or "
+                          f"leave --{name} out to take a GPU where there is one")
+
+
+def check_trainer_args(trainer: Any, stage: str) -> None:
+    """The ``Trainer`` values Lightning would reject only once it starts (its ``MisconfigurationException``),
+    and a ``fit`` that could not train: refused here, naming the option."""
+    max_steps = get_dotted(trainer, "max_steps")
+    if max_steps is not None and (max_steps < -1 or (stage == "fit" and max_steps == 0)):
+        raise ConfigError(f"trainer.max_steps must be -1 (no step limit) or >= 1, got {max_steps}"
+                          + (": a fit of 0 steps trains nothing, and exports nothing" if max_steps == 0 else ""))
+    max_epochs = get_dotted(trainer, "max_epochs")
+    if max_epochs is not None and (max_epochs < -1 or (stage == "fit" and max_epochs == 0)):
+        raise ConfigError(f"trainer.max_epochs must be -1 (no epoch limit) or >= 1, got {max_epochs}")
+    at_least("trainer.min_steps", get_dotted(trainer, "min_steps"), 0)
+    at_least("trainer.min_epochs", get_dotted(trainer, "min_epochs"), 0)
+    fast_dev_run = get_dotted(trainer, "fast_dev_run")
+    if fast_dev_run is not None and not isinstance(fast_dev_run, bool) and fast_dev_run < 0:
+        raise ConfigError(f"trainer.fast_dev_run must be true, false or a number of batches >= 0, got {fast_dev_run}")
+    interval = get_dotted(trainer, "val_check_interval")
+    if isinstance(interval, (int, float)) and not isinstance(interval, bool) and interval <= 0:
+        raise ConfigError(f"trainer.val_check_interval must be > 0 (steps between validations, or a share of an epoch "
+                          f"in (0, 1]), got {interval}; to validate never, set --trainer.limit_val_batches=0")
+    accelerator = get_dotted(trainer, "accelerator")
+    if isinstance(accelerator, str) and not _accelerator_available(accelerator.lower()):
+        raise ConfigError(f"trainer.accelerator={accelerator}: this machine has no such device (PyTorch finds no "
+                          f"{'CUDA GPU' if accelerator.lower() in ('gpu', 'cuda') else accelerator}); "
+                          "use --trainer.accelerator=cpu, or auto to take a GPU where there is one")
+
+
 def check_run_config(config: Any, stage: str) -> None:
     """Everything a LightningCLI run (``fit``, ``validate``, ``test``, ``predict``) can be checked for
     before it loads a model: values, input paths, sequence lengths against the models' positions,
     vocabularies, the checkpoint to start from, and that the output folders are writable."""
     init = get_dotted(config, "model.init_args")
     data = get_dotted(config, "data")
+    trainer = get_dotted(config, "trainer")
+    seed = get_dotted(config, "seed_everything")
+    if isinstance(seed, int) and not isinstance(seed, bool) and not 0 <= seed <= 2**32 - 1:
+        raise ConfigError(f"seed_everything must be in [0, 2**32 - 1] (what numpy accepts), got {seed}")
+    if trainer is not None:
+        check_trainer_args(trainer, stage)
     if init is not None:
         check_model_args(init)
     if data is not None:

@@ -31,11 +31,13 @@ happens at tokenisation: ``data.datamodule.encode_records``).
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mgsr_lightning.data.records import normalize_row, read_jsonl
+from mgsr_lightning.errors import MissingFileError
 
 EVAL_FILE_NAME = "valid.jsonl"
 DOLLY_HUB_REPO = "MiniLLM/dolly"
@@ -94,17 +96,25 @@ def read_eval_jsonl(path: str | Path, use_prompt_field: bool = True) -> list[dic
     return read_jsonl(path, functools.partial(eval_row_to_record, use_prompt_field=use_prompt_field), "evaluation")
 
 
+OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+
+
 def hub_file(repo_id: str, filename: str, revision: str | None = None) -> Path:
-    """A file of a Hugging Face dataset repo (downloaded or from the local cache)."""
+    """A file of a Hugging Face dataset repo (downloaded or from the local cache); a
+    :class:`~mgsr_lightning.errors.MissingFileError` in one line when it can be neither."""
     from huggingface_hub import hf_hub_download
 
     try:
         return Path(hf_hub_download(repo_id, filename, repo_type="dataset", revision=revision))
-    except OSError as error:  # offline mode, missing file, HTTP errors
-        raise FileNotFoundError(
-            f"could not get {filename} from the dataset repo {repo_id}: {error}\n"
-            f"Download it on a connected machine (`huggingface-cli download {repo_id} --repo-type dataset "
-            f"--local-dir DIR`) and pass DIR as the source."
+    except (OSError, ValueError) as error:  # offline mode, missing file, HTTP errors
+        offline = [f"{name}={os.environ[name]}" for name in OFFLINE_VARIABLES
+                   if os.environ.get(name, "") not in ("", "0")]
+        why = (f"offline ({', '.join(offline)}) and not in the local cache" if offline
+               else str(error).splitlines()[0] if str(error) else type(error).__name__)
+        raise MissingFileError(
+            f"could not get {filename} from the hub dataset repo {repo_id}: {why}. Download it on a connected "
+            f"machine (`huggingface-cli download {repo_id} --repo-type dataset --local-dir DIR`) and pass DIR as "
+            "the source"
         ) from error
 
 
@@ -130,7 +140,7 @@ def eval_set_file(name: str, source: str | Path | None = None, *, split_dir: str
         if candidate.is_file():
             return candidate
     tried = ", ".join(str(c) for c in candidates)
-    raise FileNotFoundError(f"evaluation set {name!r}: no {EVAL_FILE_NAME} under {source} (tried {tried})")
+    raise MissingFileError(f"evaluation set {name!r}: no {EVAL_FILE_NAME} under {source} (tried {tried})")
 
 
 def eval_set_spec(name: str) -> EvalSetSpec:

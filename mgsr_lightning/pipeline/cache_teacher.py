@@ -22,8 +22,15 @@ import torch
 from torch import nn
 
 from mgsr_lightning.batch import Rollout
+from mgsr_lightning.cli.validation import at_least, available_device, writable_folder
 from mgsr_lightning.data.collate import EncodedExample, InstructionCollator
-from mgsr_lightning.data.teacher_cache import META_FILE, TeacherCacheWriter, data_fingerprint, teacher_fingerprint
+from mgsr_lightning.data.teacher_cache import (
+    ENTRIES_FILE,
+    META_FILE,
+    TeacherCacheWriter,
+    data_fingerprint,
+    teacher_fingerprint,
+)
 from mgsr_lightning.errors import ConfigError
 from mgsr_lightning.generation.scoring import response_logits
 from mgsr_lightning.losses.sparse_teacher import top_k_entries
@@ -51,6 +58,17 @@ def command_arguments(args: list[str]) -> list[str]:
     return ([f"--fit_config={json.dumps(configs)}"] if configs else []) + rest
 
 
+def _check_cache_folder(folder: Path) -> None:
+    """``folder`` is new, empty, or a teacher cache (finished or not): a folder of other files is never written into."""
+    if not folder.is_dir():
+        return
+    others = sorted(entry.name for entry in folder.iterdir() if entry.name not in (META_FILE, ENTRIES_FILE))
+    if others:
+        shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+        raise ConfigError(f"out: {folder} holds other files ({shown}) and is not a teacher cache; give a new or "
+                          "empty folder (a teacher cache is rebuilt in place)")
+
+
 def cache_teacher(
     fit_config: list[str], top_k: int = 64, out: str | None = None, overrides: list[str] | None = None,
     batch_size: int | None = None, device: str | None = None,
@@ -70,14 +88,18 @@ def cache_teacher(
     """
     from mgsr_lightning.cli.lightning_cli import run_cli
 
+    available_device("device", device)
+    at_least("batch_size", batch_size, 1)
+    if top_k < 1:
+        raise ConfigError(f"top_k must be at least 1, got {top_k}")
     configs = list(fit_config)
     cli = run_cli([arg for path in configs for arg in ("--config", path)] + list(overrides or []), run=False)
     module, datamodule = cli.model, cli.datamodule
     if module.teacher_source is None:
         raise ConfigError(f"{configs[-1]} has no teacher to cache")
-    if top_k < 1:
-        raise ConfigError(f"top_k must be at least 1, got {top_k}")
     out = out or str(Path(cli.trainer.default_root_dir).parent / f"teacher_cache-k{top_k}")
+    writable_folder("out", out)
+    _check_cache_folder(Path(out))
     datamodule.setup("fit")
     examples = datamodule.train_examples()
     module.tokenizer = module.load_tokenizer()  # what `configure_model` sets before loading the teacher

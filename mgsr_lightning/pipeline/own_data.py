@@ -180,9 +180,29 @@ def prepare(
     teacher_summary, teacher_note = _teacher_step(root, manifest, pair, tokenizer_fingerprint, data_hashes,
                                                   teacher_steps)
     init_summary, init_note = _init_step(root, manifest, pair, tokenizer_fingerprint, data_hashes, init_steps)
+    warnings = overlap_warnings(files, records)
+    if not (teacher_note.startswith("reused") and init_note.startswith("reused")):
+        warnings += stale_students_warning(root)
     _print_summary(pair, root, files, records, fits, data_config, tokenizer_summary, tokenizer_note, teacher_summary,
-                   teacher_note, init_summary, init_note, overlap_warnings(files, records))
+                   teacher_note, init_summary, init_note, warnings)
     return root
+
+
+def stale_students(root: Path) -> list[str]:
+    """The students under ``root/students`` (folders that ``fit`` exported), by name."""
+    folder = root / "students"
+    return sorted(path.parent.name for path in folder.glob("*/config.json")) if folder.is_dir() else []
+
+
+def stale_students_warning(root: Path) -> list[str]:
+    """A summary line naming the students exported before this prepare retrained the teacher or the starting
+    student: they were trained on the previous data, tokenizer or starting point, and no longer match ``root``."""
+    names = stale_students(root)
+    if not names:
+        return []
+    return [f"{root / 'students'} holds students trained before this prepare, on the previous data, tokenizer or "
+            f"starting student: {', '.join(names)}; they no longer match {root}: fit them again (each fit replaces "
+            "its own), or move them away"]
 
 
 def _copy_data(files: dict[str, Path], root: Path, manifest: Manifest) -> dict[str, str]:
@@ -209,8 +229,6 @@ def _teacher_step(root: Path, manifest: Manifest, pair: str, tokenizer_fingerpri
     if manifest.step_matches("teacher", step_fingerprint, teacher_dir / "config.json"):
         return manifest.steps["teacher"]["summary"], "reused: same data, tokenizer, config and steps"
     manifest.check_step_output("teacher", teacher_dir, ADVICE)
-    if (root / "students").is_dir():
-        log.warning("the students in %s were distilled from the previous teacher; train them again", root / "students")
     log.info("training the teacher (SFT, configs/%s/teacher.yaml) on %s", pair, root / "data" / "train.jsonl")
     summary = _train_teacher(pair, root, steps, composed_config(pair, "teacher"))
     manifest.record_step("teacher", step_fingerprint, summary)

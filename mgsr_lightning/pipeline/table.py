@@ -38,6 +38,13 @@ def find_metrics(paths: Sequence[str]) -> list[Path]:
             inside = sorted(path.rglob("metrics.json"), key=_row_order)
             if not inside:
                 raise MissingFileError(f"no metrics.json under {path}: give folders written by `evaluate`")
+            if (path / "metrics.json").is_file() and len(inside) > 1:
+                below = [str(found_path.parent) for found_path in inside if found_path.parent != path]
+                raise ConfigError(
+                    f"runs: {path} holds one model's results (its metrics.json) and also the folders of others "
+                    f"({', '.join(below[:3])}{', ...' if len(below) > 3 else ''}), two evaluations mixed in one "
+                    "folder; name the metrics.json files or folders to put in the table, e.g. "
+                    f"--runs '[{path / 'metrics.json'}, {below[0]}]'")
             found += inside
         else:
             raise MissingFileError(
@@ -53,10 +60,14 @@ def _protocol(run: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def check_same_protocol(runs: Sequence[Mapping[str, Any]], sources: Sequence[Path]) -> None:
-    """Refuse to put runs side by side that were scored on other rows or with another protocol."""
+    """Refuse to put runs side by side that were scored on other sets or rows, or with another protocol."""
     reference = _protocol(runs[0])
     for run, source in zip(runs[1:], sources[1:]):
         protocol = _protocol(run)
+        if set(protocol["rows"]) != set(reference["rows"]):
+            raise ConfigError(f"{source} was scored on the sets {sorted(protocol['rows'])} but {sources[0]} on "
+                              f"{sorted(reference['rows'])}; one table compares runs on the same sets: evaluate them "
+                              "on the same --sets, or make one table per set of sets")
         differing = [key for key in reference if key != "rows" and protocol[key] != reference[key]]
         shared = set(reference["rows"]) & set(protocol["rows"])
         differing += [f"rows of {name}" for name in sorted(shared) if reference["rows"][name] != protocol["rows"][name]]
@@ -91,8 +102,13 @@ def table(runs: list[str], out: str, title: str | None = None) -> None:
     validation.writable_folder("out", out)
     loaded = []
     for source in sources:
-        run = json.loads(source.read_text())
-        if "sets" not in run:
+        try:
+            run = json.loads(source.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as error:
+            reason = f"{error.msg} at line {error.lineno}" if isinstance(error, json.JSONDecodeError) else "not UTF-8"
+            raise ConfigError(f"{source} is not valid JSON ({reason}): cut short or edited; evaluate that model "
+                              "again (into a new --out) or leave it out of --runs") from None
+        if not isinstance(run, dict) or not isinstance(run.get("sets"), dict):
             raise ConfigError(f"{source} is not a metrics.json written by `evaluate`")
         loaded.append({**run, "method": run.get("method") or source.parent.name})
     check_same_protocol(loaded, sources)

@@ -5,7 +5,7 @@ init args).
   ``validation.rouge_examples`` validation examples and on the whole test split; at the end of fit, the
   validation curve in one line and a warning when it collapsed or its samples never ended;
 - ``TeacherResponses``: SeqKD's teacher answers to every training prompt, generated once and cached;
-- ``ExportStudent``: the student in Hugging Face format at the end of fit;
+- ``ExportStudent``: the student in Hugging Face format at the end of a fit that trained and validated;
 - ``RunHyperparameters``: the effective global batch size and the loss weights, logged once per fit;
 - ``SaturationCheck``: a warning when the first step's distillation term already sits at its ceiling.
 """
@@ -13,7 +13,9 @@ init args).
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -25,7 +27,7 @@ from mgsr_lightning.evaluation.metrics import ExactMatch, MeanScore, RougeL
 from mgsr_lightning.generation.decode import decode_responses, sample
 from mgsr_lightning.generation.sampling import token_id_tensor
 from mgsr_lightning.losses.saturation import FarFromTeacherWarning, saturation_message
-from mgsr_lightning.models.export import export_student, training_settings
+from mgsr_lightning.models.export import TRAINING_SETTINGS, export_student, training_settings
 from mgsr_lightning.seeding import example_seeds
 
 log = logging.getLogger(__name__)
@@ -157,7 +159,12 @@ class GenerationMetrics(L.Callback):
             self.curve = {}  # a new run (a resumed one gets its curve back from the checkpoint)
 
     def on_fit_end(self, trainer, pl_module) -> None:
-        if not self.curve or not trainer.is_global_zero:
+        if not trainer.is_global_zero:
+            return
+        if not self.curve:
+            if self.rouge_examples > 0:
+                print(f"val/rougeL by step: none, this fit never validated ({never_validated_reason(trainer)})",
+                      flush=True)
             return
         curve = sorted(self.curve.items())
         print(curve_summary([(step, rouge) for step, (rouge, _) in curve]), flush=True)
@@ -213,29 +220,114 @@ class TeacherResponses(L.Callback):
         )
 
 
-class ExportStudent(L.Callback):
-    """At the end of fit, save the student to ``folder`` in Hugging Face format: the best checkpoint's
-    weights when a ``ModelCheckpoint`` monitors a metric, else the final ones."""
+class ExportSkippedWarning(UserWarning):
+    """``fit`` exported nothing (a ``fast_dev_run``, no training step, or never validated); the folder is unchanged."""
 
-    def __init__(self, folder: str):
+
+class ExportReplacesBetterWarning(UserWarning):
+    """``fit`` replaced an export whose recorded validation ROUGE-L was higher than its own student's."""
+
+
+def never_validated_reason(trainer) -> str:
+    """Why a fit ran no validation, in the options that decide it."""
+    if not trainer.limit_val_batches:
+        return f"trainer.limit_val_batches={trainer.limit_val_batches}"
+    interval = trainer.val_check_interval
+    if isinstance(interval, int) and interval > trainer.global_step:
+        return (f"it validates every {interval} steps (trainer.val_check_interval) and stopped at step "
+                f"{trainer.global_step}")
+    return "no validation loop ran"
+
+
+def _curve(trainer) -> dict[int, float]:
+    """Validation ROUGE-L by global step, as :class:`GenerationMetrics` kept it (resumed parts included)."""
+    metrics = next((callback for callback in trainer.callbacks if isinstance(callback, GenerationMetrics)), None)
+    return {} if metrics is None else {step: rouge for step, (rouge, _) in metrics.curve.items()}
+
+
+def _recorded_validation(folder: Path) -> dict[str, Any]:
+    """The validation score recorded with an earlier export (``mgsr_training.json``), or {}."""
+    try:
+        recorded = json.loads((folder / TRAINING_SETTINGS).read_text()).get("validation") or {}
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return recorded if isinstance(recorded, dict) else {}
+
+
+class ExportStudent(L.Callback):
+    """At the end of fit, save the student to ``folder`` in Hugging Face format: with ``weights="best"``, the best
+    checkpoint's weights when a ``ModelCheckpoint`` monitors a metric, else the final ones; with ``"last"``, the
+    final ones.
+
+    Only a run that trained and validated exports: a ``fast_dev_run``, a fit that took no step, or (unless
+    ``weights="last"``) one that never validated leaves the folder as it was, with an ``ExportSkippedWarning``
+    saying why. The exported student's validation ROUGE-L is recorded in its ``mgsr_training.json``; replacing an
+    export that recorded a higher one says so (``ExportReplacesBetterWarning``).
+    """
+
+    def __init__(self, folder: str, weights: str = "best"):
         self.folder = folder
+        self.weights = weights
+        self.validated = False
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        self.validated = False
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if not trainer.sanity_checking:
+            self.validated = True
+
+    def _skip_reason(self, trainer, best: str) -> str | None:
+        if trainer.fast_dev_run:
+            return f"fast_dev_run={trainer.fast_dev_run} is a trial of the code, not a training run"
+        if trainer.global_step == 0:
+            return "the fit took no training step"
+        if self.weights == "best" and not best and not self.validated:
+            return (f"the fit never validated ({never_validated_reason(trainer)}), so nothing shows its student is "
+                    "sound; to export its final weights anyway, add --model.init_args.export_weights=last")
+        return None
 
     def on_fit_end(self, trainer, pl_module) -> None:
         checkpoint = trainer.checkpoint_callback
-        best = getattr(checkpoint, "best_model_path", "") if checkpoint is not None and checkpoint.monitor else ""
+        best = ""
+        if self.weights == "best" and checkpoint is not None and checkpoint.monitor:
+            best = getattr(checkpoint, "best_model_path", "") or ""
+        reason = self._skip_reason(trainer, best)
+        if reason is not None:
+            folder = Path(self.folder)
+            kept = "keeps its earlier student" if (folder / "config.json").is_file() else "was not written"
+            rank_zero_warn(f"nothing exported: {folder} {kept}, as {reason}", category=ExportSkippedWarning)
+            return
         if best:
             log.info("exporting the best checkpoint %s", best)
-            state = torch.load(best, map_location="cpu", weights_only=False)["state_dict"]
+            saved = torch.load(best, map_location="cpu", weights_only=False)
+            state, step = saved["state_dict"], int(saved.get("global_step", trainer.global_step))
         else:
             state = trainer.strategy.lightning_module_state_dict()  # a collective under FSDP: all ranks
+            step = int(trainer.global_step)
         if trainer.is_global_zero:
+            score = _curve(trainer).get(step)
+            self._say_if_replacing_better(score, step)
             student_state = {k[len("student."):]: v for k, v in state.items() if k.startswith("student.")}
             datamodule = trainer.datamodule
             settings = training_settings(dict(datamodule.hparams) if datamodule is not None else None,
                                          pl_module.sampling.max_new_tokens)
+            if settings is not None:
+                settings["validation"] = {"step": step, "val/rougeL": score}
             export_student(pl_module.student, pl_module.tokenizer, self.folder, pl_module.eos_token_id, student_state,
                            settings)
         trainer.strategy.barrier("export")
+
+    def _say_if_replacing_better(self, score: float | None, step: int) -> None:
+        earlier = _recorded_validation(Path(self.folder))
+        earlier_score = earlier.get("val/rougeL")
+        if not isinstance(earlier_score, (int, float)) or (score is not None and earlier_score <= score):
+            return
+        scored = f"which scored {score:.1f}" if score is not None else "which was not validated"
+        rank_zero_warn(f"{self.folder} held a student with validation ROUGE-L {earlier_score:.1f} (step "
+                       f"{earlier.get('step')} of its run); it is replaced by this run's, {scored} (step {step}). "
+                       "To keep both, give each run its own --model.init_args.export_dir",
+                       category=ExportReplacesBetterWarning)
 
 
 class RunHyperparameters(L.Callback):

@@ -126,7 +126,7 @@ def test_hub_failure_explains_how_to_get_the_files(monkeypatch):
         raise OSError("offline mode is enabled")
 
     monkeypatch.setattr("huggingface_hub.hf_hub_download", offline)
-    with pytest.raises(FileNotFoundError, match=r"MiniLLM/self-inst.*\n.*huggingface-cli download MiniLLM/self-inst"):
+    with pytest.raises(FileNotFoundError, match=r"MiniLLM/self-inst: .*huggingface-cli download MiniLLM/self-inst"):
         load_eval_set("self_inst")
 
 
