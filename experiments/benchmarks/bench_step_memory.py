@@ -7,11 +7,12 @@ One step of the loss head: the student's last hidden states [1, T, H] → logits
 hidden states and the head, with the teacher's hidden states and head as its input (no gradient).
 
 - unfused: today's path. Student logits ``hidden @ head.T`` [1, T, V] and the teacher's, whole; then the
-  pure losses of ``mgsr_lightning.losses`` on them, run in chunks of ``--chunk-size`` positions (their own
-  ``chunk_size``: unchunked, DAC-KL alone would hold ~25 float32 [T, V] blocks, 30 GiB at V = 151,936 and
-  T = 2,048), and the cross-entropy as ``response_cross_entropy`` computes it (whole logits).
+  pure losses of ``mgsr_lightning.losses`` on them, run in chunks of ``--loss-chunk-size`` positions (their
+  own ``chunk_size``: unchunked, DAC-KL alone would hold ~25 float32 [T, V] blocks, 30 GiB at V = 151,936
+  and T = 2,048), and the cross-entropy as ``response_cross_entropy`` computes it (whole logits).
 - fused: ``mgsr_lightning.losses.fused_head.fused_head_loss`` with the same terms (``fused_terms``), in
-  chunks of ``--chunk-size`` positions: no whole [1, T, V] tensor.
+  chunks of ``--chunk-size`` positions (the head's matmuls), each loss in its own chunks of
+  ``--loss-chunk-size`` inside them: no whole [1, T, V] tensor.
 
 Losses: ``kd``, forward KL; ``mgsr``, MGSR's default objective (``configs/methods/mgsr.yaml``): the
 ground-truth cross-entropy + DAC-KL (learned ClipNet, "rest" variant over α-β (0.2, 0.7)) + 0.1 · the
@@ -64,8 +65,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
     parser.add_argument("--losses", nargs="+", default=list(LOSSES), choices=LOSSES)
     parser.add_argument("--hidden", type=int, default=896, help="H of the student and the teacher")
-    parser.add_argument("--chunk-size", type=int, default=64, help="positions per chunk, both paths")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads per subprocess")
+    parser.add_argument("--chunk-size", type=int, default=128, help="positions per chunk of the fused head")
+    parser.add_argument("--loss-chunk-size", type=int, default=32,
+                        help="the losses' own chunk_size (positions; span: pairs), both paths")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per subprocess")
     parser.add_argument("--out", type=Path, help="also write the output here (markdown)")
     parser.add_argument("--child", nargs=5, metavar=("LOSS", "DTYPE", "V", "T", "PATH"), help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -97,7 +100,7 @@ def measure(args: argparse.Namespace, loss_name: str, dtype_name: str, vocab: in
         return hidden, teacher_hidden, labels, mask, spans
 
     def step(hidden, teacher_hidden, labels, mask, spans) -> float:
-        chunk = args.chunk_size
+        chunk = args.loss_chunk_size
         if path == "unfused":
             student_logits = F.linear(hidden, student_head)  # [1, T, V]
             with torch.no_grad():
@@ -113,13 +116,13 @@ def measure(args: argparse.Namespace, loss_name: str, dtype_name: str, vocab: in
                                                                   chunk_size=chunk)
         else:
             if loss_name == "kd":
-                terms = {"distill": (1.0, divergence_term("forward_kl", mask))}
+                terms = {"distill": (1.0, divergence_term("forward_kl", mask, chunk_size=chunk))}
             else:
                 terms = {"sft": (1.0, cross_entropy_term(labels, mask)),
-                         "distill": (1.0, dac_kl_term(mask, clip_net=clip_net, **MGSR_DAC_KL)),
-                         "span": (SPAN_WEIGHT, span_term(spans, mask))}
+                         "distill": (1.0, dac_kl_term(mask, clip_net=clip_net, chunk_size=chunk, **MGSR_DAC_KL)),
+                         "span": (SPAN_WEIGHT, span_term(spans, mask, chunk_size=chunk))}
             loss, _ = fused_head_loss(hidden, student_head, terms, TeacherHead(teacher_hidden, teacher_head),
-                                      chunk_size=chunk)
+                                      chunk_size=args.chunk_size)
         loss.backward()
         return float(loss)
 
@@ -168,7 +171,8 @@ def main(argv=None) -> None:
 
     emit("# One step of the loss head, fused against unfused: peak memory and seconds")
     emit()
-    emit(f"Hidden {args.hidden}, batch 1, chunks of {args.chunk_size} positions (both paths), {args.threads} torch "
+    emit(f"Hidden {args.hidden}, batch 1, fused chunks of {args.chunk_size} positions, the losses' own chunks of "
+         f"{args.loss_chunk_size} (both paths), {args.threads} torch "
          "thread(s) per subprocess, CPU; one step per cell, each in a fresh process. Step peak: VmHWM − VmRSS "
          "before the step (memory on top of the inputs); process peak: VmHWM. GiB = 2^30 bytes. CPU s: the "
          "process's CPU time over the step (with one thread, its compute, whatever else shares the cores); "

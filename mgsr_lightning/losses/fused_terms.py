@@ -10,7 +10,10 @@ logits [1, n, V] with ``reduction="sum"`` and the chunk's part of the mask, divi
     span_term           the span correlation loss: pairs of adjacent positions, one position of look-ahead
     cross_entropy_term  the cross-entropy on labels (``response_cross_entropy``'s reduction)
 
-so that the sum over chunks is the unfused loss's "mean" (``sum / max(count, 1)``).
+so that the sum over chunks is the unfused loss's "mean" (``sum / max(count, 1)``). A term's own
+``chunk_size`` (positions, or pairs for the span term) is passed to its loss, which then runs each
+fused chunk in smaller blocks: the head's matmuls stay large (their speed) while the loss's
+intermediates stay small (about 25 float32 [chunk_size, V] blocks for DAC-KL).
 """
 
 from __future__ import annotations
@@ -49,17 +52,18 @@ class divergence_term:  # noqa: N801  (a term builder, used like the loss functi
     parameters: tuple[Tensor, ...] = ()
     needs_teacher = True
 
-    def __init__(self, name: str, mask: Tensor, *, temperature: float = 1.0, **params: Any):
+    def __init__(self, name: str, mask: Tensor, *, temperature: float = 1.0, chunk_size: int | None = None,
+                 **params: Any):
         if name not in DIVERGENCES:
             raise ValueError(f"name must be one of {', '.join(DIVERGENCES)}, got {name!r}")
-        self.loss, self.temperature, self.params = DIVERGENCES[name], temperature, params
+        self.loss, self.temperature, self.chunk_size, self.params = DIVERGENCES[name], temperature, chunk_size, params
         self.rows = _flat_mask(mask)
         self.count = max(int(self.rows.sum()), 1)
 
     def __call__(self, student_logits, teacher_logits, positions, owned):
         mask = _own_mask(self.rows, positions, owned)
         value = self.loss(student_logits, teacher_logits, mask, temperature=self.temperature, reduction="sum",
-                          **self.params)
+                          chunk_size=self.chunk_size, **self.params)
         return value / self.count, {}
 
 
@@ -70,10 +74,11 @@ class dac_kl_term:  # noqa: N801
     lookahead = False
     needs_teacher = True
 
-    def __init__(self, mask: Tensor, *, clip_net: ClipNet | None = None, **params: Any):
-        if "reduction" in params or "chunk_size" in params:
-            raise ValueError("dac_kl_term sets reduction and chunk_size itself (the fused head chunks the positions)")
-        self.clip_net, self.params = clip_net, params
+    def __init__(self, mask: Tensor, *, clip_net: ClipNet | None = None, chunk_size: int | None = None,
+                 **params: Any):
+        if "reduction" in params:
+            raise ValueError("dac_kl_term sets the reduction itself (a sum per chunk, divided by the batch's count)")
+        self.clip_net, self.chunk_size, self.params = clip_net, chunk_size, params
         self.parameters = tuple(clip_net.parameters()) if clip_net is not None else ()
         self.rows = _flat_mask(mask)
         self.count = max(int(self.rows.sum()), 1)
@@ -81,7 +86,7 @@ class dac_kl_term:  # noqa: N801
     def __call__(self, student_logits, teacher_logits, positions, owned):
         mask = _own_mask(self.rows, positions, owned)
         value, diagnostics = dac_kl(student_logits, teacher_logits, mask, clip_net=self.clip_net, reduction="sum",
-                                    **self.params)
+                                    chunk_size=self.chunk_size, **self.params)
         compared = int(mask.sum())  # dac_kl's diagnostics are means over the chunk's compared positions
         return value / self.count, {key: diagnostics[key] * compared / self.count for key in DIAGNOSTICS}
 
@@ -98,10 +103,10 @@ class span_term:  # noqa: N801
     parameters: tuple[Tensor, ...] = ()
     needs_teacher = True
 
-    def __init__(self, spans: Tensor, mask: Tensor, *, relation: str = "normalized",
-                 temperature: float = 1.0):
+    def __init__(self, spans: Tensor, mask: Tensor, *, relation: str = "normalized", temperature: float = 1.0,
+                 chunk_size: int | None = None):
         pairs = F.pad(span_pair_mask(spans, mask), (0, 1)).reshape(-1)  # [N]: a pair (t, t + 1) starts at t
-        self.relation, self.temperature = relation, temperature
+        self.relation, self.temperature, self.chunk_size = relation, temperature, chunk_size
         self.rows = pairs | F.pad(pairs[:-1], (1, 0))  # first and second positions of the pairs
         self.count = max(int(pairs.sum()), 1)
         # a new segment starts after every position that does not start a pair
@@ -110,7 +115,7 @@ class span_term:  # noqa: N801
     def __call__(self, student_logits, teacher_logits, positions, owned):
         spans = self.segments[positions][None]  # [1, n]; the look-ahead (last) position can only end a pair
         value = span_correlation_loss(student_logits, teacher_logits, spans=spans, relation=self.relation,
-                                      temperature=self.temperature, reduction="sum")
+                                      temperature=self.temperature, reduction="sum", chunk_size=self.chunk_size)
         return value / self.count, {}
 
 

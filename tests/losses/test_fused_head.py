@@ -29,6 +29,8 @@ def make_batch(dtype=torch.float32, seed=0, neg_inf=True):
     student_bias, teacher_bias = randn(HEAD_ROWS), randn(HEAD_ROWS)
     if neg_inf:
         student_bias[NEG_INF_COLUMN] = teacher_bias[NEG_INF_COLUMN] = float("-inf")
+    labels = torch.randint(0, VOCAB - 1, (B, T), generator=generator)
+    labels += labels >= NEG_INF_COLUMN  # never the token no model can emit (its cross-entropy is inf)
     mask = torch.rand(B, T, generator=generator) > 0.25
     mask[1, 2] = False  # splits row 1's first span
     mask[0, -1] = False
@@ -39,7 +41,7 @@ def make_batch(dtype=torch.float32, seed=0, neg_inf=True):
         teacher_hidden=randn(B, T, H + 2, scale=1.5).requires_grad_(),  # the teacher's own hidden size
         teacher_head=randn(HEAD_ROWS, H + 2).requires_grad_(),
         teacher_bias=teacher_bias,
-        labels=torch.randint(0, VOCAB, (B, T), generator=generator),
+        labels=labels,
         mask=mask,
     )
 
@@ -156,6 +158,20 @@ def test_mgsr_objective_equals_the_unfused_path(chunk_size):
     fused_result = fused(batch, MGSR, clip_net, chunk_size)
     assert set(fused_result[1]) >= {"sft", "distill", "span", "distill/kl", "distill/kept_mass"}
     assert_same(fused_result, unfused(batch, MGSR, clip_net), batch, clip_net, rtol=1e-5, atol=1e-6)
+
+
+def test_the_terms_own_chunks_inside_the_fused_chunks_give_the_same_result():
+    batch, clip_net = make_batch(seed=6), make_clip_net()
+    terms = {"sft": (1.0, cross_entropy_term(batch.labels, batch.mask)),
+             "kd": (0.5, divergence_term("reverse_kl", batch.mask, chunk_size=2)),
+             "distill": (1.0, dac_kl_term(batch.mask, clip_net=clip_net, chunk_size=3, **MGSR_DAC_KL)),
+             "span": (0.1, span_term(SPANS, batch.mask, chunk_size=2))}
+    fused_result = fused_head_loss(batch.student_hidden, batch.student_head, terms,
+                                   TeacherHead(batch.teacher_hidden, batch.teacher_head, batch.teacher_bias),
+                                   student_bias=batch.student_bias, vocab_size=VOCAB, chunk_size=7)
+    reference = {"sft": (1.0, CROSS_ENTROPY), "kd": (0.5, TERMS["reverse_kl"]),
+                 "distill": (1.0, TERMS["dac_kl_rest_alpha_beta"]), "span": (0.1, TERMS["span_normalized"])}
+    assert_same(fused_result, unfused(batch, reference, clip_net), batch, clip_net, rtol=1e-5, atol=1e-6)
 
 
 def test_dac_kl_diagnostics_equal_the_unfused_ones():
