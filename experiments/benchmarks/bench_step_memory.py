@@ -21,8 +21,10 @@ cross-entropy reads the same hidden states (a ground-truth step, where the train
 ground truth).
 
 How it is measured. Each (loss, dtype, V, T, path) runs in a fresh subprocess with ``--threads`` torch
-threads and glibc's mmap threshold pinned at 1 MiB (``MALLOC_MMAP_THRESHOLD_``: freed large blocks are
-returned to the kernel, so the resident set follows what is allocated; see bench_loss_memory.py). The
+threads (by default a cell's unfused and fused subprocesses run at the same time, so that both see
+the same load on a shared machine; ``--no-side-by-side`` runs them one after the other) and glibc's
+mmap threshold pinned at 1 MiB (``MALLOC_MMAP_THRESHOLD_``: freed large blocks are returned to the
+kernel, so the resident set follows what is allocated; see bench_loss_memory.py). The
 subprocess builds its inputs (hidden states, both heads, ClipNet), runs one warm-up step on 16
 positions, then resets the resident-set high-water mark (``proc_memory.reset_peak_rss``) and times one
 step. It reports two memory figures from ``/proc/self/status``:
@@ -46,6 +48,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from proc_memory import reset_peak_rss, status_kib  # the folder of these scripts (see proc_memory.py)
@@ -69,6 +72,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--loss-chunk-size", type=int, default=32,
                         help="the losses' own chunk_size (positions; span: pairs), both paths")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per subprocess")
+    parser.add_argument("--side-by-side", action=argparse.BooleanOptionalAction, default=True,
+                        help="run each cell's unfused and fused processes at the same time (the same load on a "
+                             "shared machine, half the wall time; memory: both at once)")
     parser.add_argument("--out", type=Path, help="also write the output here (markdown)")
     parser.add_argument("--child", nargs=5, metavar=("LOSS", "DTYPE", "V", "T", "PATH"), help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -152,6 +158,14 @@ def run_child(argv: list[str], cell: tuple) -> dict:
     return json.loads(child.stdout.strip().splitlines()[-1])
 
 
+def _run_or_none(argv: list[str], cell: tuple) -> dict | None:
+    try:
+        return run_child(argv, cell)
+    except RuntimeError as error:
+        print(f"{' '.join(map(str, cell))} failed: {error}", file=sys.stderr)
+        return None
+
+
 def main(argv=None) -> None:
     argv = list(argv if argv is not None else sys.argv[1:])
     args = parse_args(argv)
@@ -171,9 +185,10 @@ def main(argv=None) -> None:
 
     emit("# One step of the loss head, fused against unfused: peak memory and seconds")
     emit()
+    together = ", the cell's two paths at the same time" if args.side_by_side else ""
     emit(f"Hidden {args.hidden}, batch 1, fused chunks of {args.chunk_size} positions, the losses' own chunks of "
-         f"{args.loss_chunk_size} (both paths), {args.threads} torch "
-         "thread(s) per subprocess, CPU; one step per cell, each in a fresh process. Step peak: VmHWM − VmRSS "
+         f"{args.loss_chunk_size} (both paths), {args.threads} torch thread(s) per subprocess, CPU; one step per "
+         f"cell and path, each in a fresh process{together}. Step peak: VmHWM − VmRSS "
          "before the step (memory on top of the inputs); process peak: VmHWM. GiB = 2^30 bytes. CPU s: the "
          "process's CPU time over the step (with one thread, its compute, whatever else shares the cores); "
          "wall s: the step's wall time.")
@@ -190,15 +205,9 @@ def main(argv=None) -> None:
         for loss_name in args.losses:
             for vocab in args.vocabs:
                 for length in args.lengths:
-                    results = {}
-                    for path in PATHS:
-                        try:
-                            results[path] = run_child(parent_argv, (loss_name, dtype_name, vocab, length, path))
-                        except RuntimeError as error:
-                            results[path] = None
-                            print(f"{loss_name} {dtype_name} V={vocab} T={length} {path} failed: {error}",
-                                  file=sys.stderr)
-                    unfused, fused = results["unfused"], results["fused"]
+                    cell = (loss_name, dtype_name, vocab, length)
+                    with ThreadPoolExecutor(max_workers=2 if args.side_by_side else 1) as pool:
+                        unfused, fused = pool.map(lambda path: _run_or_none(parent_argv, (*cell, path)), PATHS)
                     if unfused is None or fused is None:
                         emit(f"| {LABELS[loss_name]} | {dtype_name} | {vocab} | {length} | failed: see stderr "
                              "| | | | | | | | | | | | |")
