@@ -47,6 +47,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -59,6 +60,7 @@ LABELS = {"kd": "KD", "mgsr": "MGSR"}
 MGSR_DAC_KL = dict(mode="learned", variant="rest", base="alpha_beta", base_params={"alpha": 0.2, "beta": 0.7})
 SPAN_WEIGHT = 0.1
 SPAN_LENGTH = 8
+KEY_VOCAB, KEY_LENGTH = 151936, 2048  # the cell of the summary line (fp32)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -75,7 +77,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--side-by-side", action=argparse.BooleanOptionalAction, default=True,
                         help="run each cell's unfused and fused processes at the same time (the same load on a "
                              "shared machine, half the wall time; memory: both at once)")
-    parser.add_argument("--out", type=Path, help="also write the output here (markdown)")
+    parser.add_argument("--jobs", type=int, default=1, help="cells run at the same time (memory: all at once)")
+    parser.add_argument("--out", type=Path, help="also write the table here (markdown)")
+    parser.add_argument("--results", type=Path,
+                        help="each cell's figures, one JSON line each, appended (default: --out with .jsonl); the "
+                             "table is rendered from all of them, so runs over parts of the grid add up")
+    parser.add_argument("--render-only", action="store_true", help="only render --out from --results")
     parser.add_argument("--child", nargs=5, metavar=("LOSS", "DTYPE", "V", "T", "PATH"), help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -173,61 +180,89 @@ def main(argv=None) -> None:
         loss_name, dtype_name, vocab, length, path = args.child
         print(json.dumps(measure(args, loss_name, dtype_name, int(vocab), int(length), path)))
         return
-    parent_argv = _without_option(argv, "--out")
-    lines: list[str] = []
+    results = args.results or (args.out.with_suffix(".jsonl") if args.out is not None else None)
+    if args.render_only:
+        render(args, _read_results(results))
+        return
+    child_argv = _without_option(_without_option(_without_option(argv, "--out"), "--results"), "--jobs")
+    grid = [(loss_name, dtype_name, vocab, length) for dtype_name in args.dtypes for loss_name in args.losses
+            for vocab in args.vocabs for length in args.lengths]
+    # the cells of the summary line first, so that a run cut short still has them
+    grid.sort(key=lambda cell: (cell[1], cell[2], cell[3]) != ("float32", KEY_VOCAB, KEY_LENGTH))
+    lock = threading.Lock()
 
-    def emit(line: str = "") -> None:  # the file is rewritten after each line: a cut-short run keeps its rows
-        print(line, flush=True)
-        lines.append(line)
-        if args.out is not None:
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text("\n".join(lines) + "\n")
+    def run_cell(cell: tuple) -> None:
+        with ThreadPoolExecutor(max_workers=2 if args.side_by_side else 1) as pool:
+            unfused, fused = pool.map(lambda path: _run_or_none(child_argv, (*cell, path)), PATHS)
+        record = dict(zip(("loss", "dtype", "vocab", "length"), cell), unfused=unfused, fused=fused)
+        with lock:
+            if results is not None:
+                results.parent.mkdir(parents=True, exist_ok=True)
+                with results.open("a") as file:
+                    file.write(json.dumps(record) + "\n")
+            render(args, _read_results(results) if results is not None else [record])
 
-    emit("# One step of the loss head, fused against unfused: peak memory and seconds")
-    emit()
-    together = ", the cell's two paths at the same time" if args.side_by_side else ""
-    emit(f"Hidden {args.hidden}, batch 1, fused chunks of {args.chunk_size} positions, the losses' own chunks of "
-         f"{args.loss_chunk_size} (both paths), {args.threads} torch thread(s) per subprocess, CPU; one step per "
-         f"cell and path, each in a fresh process{together}. Step peak: VmHWM − VmRSS "
-         "before the step (memory on top of the inputs); process peak: VmHWM. GiB = 2^30 bytes. CPU s: the "
-         "process's CPU time over the step (with one thread, its compute, whatever else shares the cores); "
-         "wall s: the step's wall time.")
-    emit()
-    emit(f"    python experiments/benchmarks/bench_step_memory.py {' '.join(argv)}".rstrip())
-    emit()
-    emit("| loss | dtype | V | T | step peak GiB unfused | fused | fused / unfused | process peak GiB unfused | fused "
-         "| fused / unfused | CPU s/step unfused | fused | fused / unfused | wall s/step unfused | fused "
-         "| loss unfused | fused |")
-    emit("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    with ThreadPoolExecutor(max_workers=args.jobs) as cells:
+        list(cells.map(run_cell, grid))
+
+
+def _read_results(path: Path | None) -> list[dict]:
+    if path is None or not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def render(args: argparse.Namespace, records: list[dict]) -> None:
+    """Print the table of ``records`` (the last record of each cell), in grid order, and write it to ``--out``."""
+    cells = {(r["loss"], r["dtype"], r["vocab"], r["length"]): r for r in records}
     gib = 2**30
+    together = ", the cell's two paths at the same time" if args.side_by_side else ""
+    lines = [
+        "# One step of the loss head, fused against unfused: peak memory and seconds",
+        "",
+        f"Hidden {args.hidden}, batch 1, fused chunks of {args.chunk_size} positions, the losses' own chunks of "
+        f"{args.loss_chunk_size} (both paths), {args.threads} torch thread(s) per subprocess, CPU; one step per "
+        f"cell and path, each in a fresh process{together}. Step peak: VmHWM − VmRSS before the step (memory on top "
+        "of the inputs); process peak: VmHWM. GiB = 2^30 bytes. CPU s: the process's CPU time over the step (with "
+        "one thread, its compute, whatever else shares the cores); wall s: the step's wall time. Written by",
+        "",
+        "    python experiments/benchmarks/bench_step_memory.py --out experiments/results/speed/memory.md",
+        "",
+        "| loss | dtype | V | T | step peak GiB unfused | fused | fused / unfused | process peak GiB unfused | fused "
+        "| fused / unfused | CPU s/step unfused | fused | fused / unfused | wall s/step unfused | fused "
+        "| loss unfused | fused |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     ratios: dict[str, float] = {}
-    for dtype_name in args.dtypes:
-        for loss_name in args.losses:
-            for vocab in args.vocabs:
-                for length in args.lengths:
-                    cell = (loss_name, dtype_name, vocab, length)
-                    with ThreadPoolExecutor(max_workers=2 if args.side_by_side else 1) as pool:
-                        unfused, fused = pool.map(lambda path: _run_or_none(parent_argv, (*cell, path)), PATHS)
-                    if unfused is None or fused is None:
-                        emit(f"| {LABELS[loss_name]} | {dtype_name} | {vocab} | {length} | failed: see stderr "
-                             "| | | | | | | | | | | | |")
-                        continue
-                    step_ratio = fused["step_peak"] / unfused["step_peak"]
-                    if dtype_name == "float32" and vocab == 151936 and length == 2048:
-                        ratios[loss_name] = step_ratio
-                    emit(
-                        f"| {LABELS[loss_name]} | {dtype_name} | {vocab} | {length} "
-                        f"| {unfused['step_peak'] / gib:.2f} | {fused['step_peak'] / gib:.2f} | {step_ratio:.2f} "
-                        f"| {unfused['process_peak'] / gib:.2f} | {fused['process_peak'] / gib:.2f} "
-                        f"| {fused['process_peak'] / unfused['process_peak']:.2f} "
-                        f"| {unfused['cpu_seconds']:.2f} | {fused['cpu_seconds']:.2f} "
-                        f"| {fused['cpu_seconds'] / unfused['cpu_seconds']:.2f} "
-                        f"| {unfused['seconds']:.2f} | {fused['seconds']:.2f} "
-                        f"| {unfused['loss']:.6g} | {fused['loss']:.6g} |"
-                    )
+    for loss_name in LOSSES:
+        for dtype_name in ("float32", "bfloat16"):
+            for key in sorted(k for k in cells if k[:2] == (loss_name, dtype_name)):
+                record = cells[key]
+                unfused, fused = record["unfused"], record["fused"]
+                prefix = f"| {LABELS[loss_name]} | {dtype_name} | {key[2]} | {key[3]} "
+                if unfused is None or fused is None:
+                    lines.append(prefix + "| failed: see stderr | | | | | | | | | | | | |")
+                    continue
+                step_ratio = fused["step_peak"] / unfused["step_peak"]
+                if key[1:] == ("float32", KEY_VOCAB, KEY_LENGTH):
+                    ratios[loss_name] = step_ratio
+                lines.append(
+                    prefix
+                    + f"| {unfused['step_peak'] / gib:.2f} | {fused['step_peak'] / gib:.2f} | {step_ratio:.2f} "
+                    f"| {unfused['process_peak'] / gib:.2f} | {fused['process_peak'] / gib:.2f} "
+                    f"| {fused['process_peak'] / unfused['process_peak']:.2f} "
+                    f"| {unfused['cpu_seconds']:.2f} | {fused['cpu_seconds']:.2f} "
+                    f"| {fused['cpu_seconds'] / unfused['cpu_seconds']:.2f} "
+                    f"| {unfused['seconds']:.2f} | {fused['seconds']:.2f} "
+                    f"| {unfused['loss']:.6g} | {fused['loss']:.6g} |"
+                )
     if all(name in ratios for name in LOSSES):
-        emit()
-        emit(f"fused / unfused peak memory at V = 151936, T = 2048: KD {ratios['kd']:.2f}×, MGSR {ratios['mgsr']:.2f}×")
+        lines += ["", f"fused / unfused peak memory at V = {KEY_VOCAB}, T = {KEY_LENGTH}: "
+                      f"KD {ratios['kd']:.2f}×, MGSR {ratios['mgsr']:.2f}×"]
+    print("\n".join(lines), flush=True)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text("\n".join(lines) + "\n")
 
 
 def _without_option(argv: list[str], option: str) -> list[str]:
