@@ -192,6 +192,7 @@ def main(argv=None) -> None:
     lock = threading.Lock()
 
     def run_cell(cell: tuple) -> None:
+        _wait_for_memory(cell, args.hidden)
         with ThreadPoolExecutor(max_workers=2 if args.side_by_side else 1) as pool:
             unfused, fused = pool.map(lambda path: _run_or_none(child_argv, (*cell, path)), PATHS)
         record = dict(zip(("loss", "dtype", "vocab", "length"), cell), unfused=unfused, fused=fused)
@@ -204,6 +205,24 @@ def main(argv=None) -> None:
 
     with ThreadPoolExecutor(max_workers=args.jobs) as cells:
         list(cells.map(run_cell, grid))
+
+
+def _wait_for_memory(cell: tuple, hidden: int) -> None:
+    """Start a cell only when the machine has room for both of its processes (a rough upper estimate: the
+    unfused step's [T, V] blocks, both heads twice, 1 GiB of runtime each), so that parallel runs or
+    other users of a shared machine do not push it into the OOM killer; waits at most 30 minutes."""
+    loss_name, dtype_name, vocab, length = cell
+    size = 2 if dtype_name == "bfloat16" else 4
+    need = length * vocab * 4 * (4 if loss_name == "kd" else 8) + 4 * vocab * hidden * size + 2 * 2**30
+    for _ in range(180):
+        if _available_bytes() > need:
+            return
+        time.sleep(10)
+
+
+def _available_bytes() -> int:
+    text = Path("/proc/meminfo").read_text()
+    return int(text.split("MemAvailable:")[1].split()[0]) * 1024
 
 
 def _read_results(path: Path | None) -> list[dict]:
