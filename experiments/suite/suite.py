@@ -282,7 +282,7 @@ def table(grid: dict) -> None:
             gain = "–"
         shown = label if name in ("sft", "kd") else f"{label}"
         lines.append(f"| {shown} | " + " | ".join(cells) + f" | {gain} |")
-    configs = [f"- {label}: `{name}` ({named[name].get('label', name)})" for label, name in rows]
+    configs = [f"- {label}: `{name}` ({named.get(name, {}).get('label', name)})" for label, name in rows]
     text = "\n".join(lines) + "\n\nRows:\n\n" + "\n".join(configs) + "\n\nPaired differences against SFT:\n\n" \
         + "\n".join(paired_lines) + "\n"
     (RESULTS / "table.md").write_text(text)
