@@ -147,7 +147,7 @@ def test_a_path_of_the_wrong_kind_is_named_for_what_it_is(tiny_assets, tmp_path,
 
 def test_command_line_mistakes(capsys):
     assert ("commands: fit, validate, test, predict, prepare, prepare-tiny, prepare-smollm2, train-tokenizer, demo, "
-            "evaluate, table, export, reproduce") in error_line(["fitt"], capsys)
+            "evaluate, table, export, select, reproduce") in error_line(["fitt"], capsys)
     assert "`fit` needs a config: pass --config configs/<pair>/<method>.yaml" in error_line(["fit"], capsys)
     assert "config file not found: " in error_line(["fit", "--config", "nope.yaml"], capsys)
     assert "missing required options: --checkpoint, --out" in error_line(["export"], capsys)
