@@ -11,8 +11,8 @@ The layers, lowest first; a module may import its own layer (without a circle) a
    ``atomic``, ``distributed``, ``seeding``, ``run_lock``, ``lightning_workarounds``, ``lazy`` (the packages'
    names imported on first use); helpers that import nothing of the package beyond this layer.
 2. losses: ``losses`` (pure functions of logits; torch and ``batch`` only).
-3. parts: ``tokenizer``, ``vocabulary``, ``lora``, ``models``, ``export``, ``data``, ``sampling``, ``kv_cache``,
-   ``generation``: models and tokenizers, the data, decoding.
+3. parts: ``tokenizer``, ``vocabulary``, ``cross_tokenizer``, ``lora``, ``models``, ``export``, ``data``, ``sampling``,
+   ``kv_cache``, ``generation``: models and tokenizers, the data, decoding.
 4. method: ``spans``, ``text_spans``, ``error_search``, ``regeneration``, ``scrg``, ``rollout``,
    ``regimes`` (MGSR's parts), ``evaluation``, and the pieces around the LightningModule: ``callbacks``, ``resume``,
    ``optim``, ``strategies``, ``guards``, ``validation`` (and ``model_checks``), ``warning_format``; MiniLLM's rollouts
@@ -37,7 +37,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (  # lowest first
     ("contract", ("batch", "errors", "missing", "atomic", "distributed", "seeding", "run_lock",
                   "lightning_workarounds", "lazy")),
     ("losses", ("losses",)),
-    ("parts", ("tokenizer", "vocabulary", "lora", "models", "export", "data", "sampling", "kv_cache",
+    ("parts", ("tokenizer", "vocabulary", "cross_tokenizer", "lora", "models", "export", "data", "sampling", "kv_cache",
                "generation")),
     ("method", ("spans", "text_spans", "error_search", "regeneration", "scrg", "rollout", "regimes", "evaluation",
                 "callbacks", "resume", "optim", "strategies", "guards", "validation", "model_checks", "warning_format",
