@@ -181,8 +181,44 @@ def align_spans(text: str, student_spans: Sequence[Span], teacher_spans: Sequenc
     else:
         student_groups = [-1 if g == tail else g for g in student_groups]
         teacher_groups = [-1 if g == tail else g for g in teacher_groups]
+    return _split_at_shared_raw_cuts(student_spans, student_groups, teacher_spans, teacher_groups, common)
+
+
+def _split_at_shared_raw_cuts(student_spans: Sequence[Span], student_groups: list[int], teacher_spans: Sequence[Span],
+                              teacher_groups: list[int], common: list[int]
+                              ) -> tuple[list[int], list[int], list[tuple[int, int]]]:
+    """Split groups where both sides cut at the same character inside them, whitespace included (both
+    ``Ġ`` + ``Ca`` against ``Ġ`` + ``Ca``: two one-to-one groups, not one group of two), and renumber.
+    A cut is a position that no token of the side overlaps."""
+    student_raw, teacher_raw = _raw_cuts(student_spans, student_groups), _raw_cuts(teacher_spans, teacher_groups)
     starts = [0, *common[:-1]]
-    return student_groups, teacher_groups, list(zip(starts, common))
+    new_student, new_teacher = list(student_groups), list(teacher_groups)
+    spans: list[tuple[int, int]] = []
+    for group, (start, end) in enumerate(zip(starts, common)):
+        inner = sorted(p for p in student_raw.get(group, set()) & teacher_raw.get(group, set()) if start < p < end)
+        bounds = [start, *inner, end]
+        first = len(spans)
+        spans.extend(zip(bounds[:-1], bounds[1:]))
+        for spans_of_side, groups_of_side, new_groups in ((student_spans, student_groups, new_student),
+                                                          (teacher_spans, teacher_groups, new_teacher)):
+            for index, g in enumerate(groups_of_side):
+                if g == group:
+                    new_groups[index] = first + bisect.bisect_right(inner, spans_of_side[index][0])
+    return new_student, new_teacher, spans
+
+
+def _raw_cuts(spans: Sequence[Span], groups: list[int]) -> dict[int, set[int]]:
+    """Per group, the raw character positions between two of its consecutive tokens that no token overlaps."""
+    cuts: dict[int, set[int]] = {}
+    members = [(g, span) for g, span in zip(groups, spans) if g >= 0]
+    reach = -1  # the furthest end so far in the group
+    for (group, span), (next_group, next_span) in zip(members, members[1:]):
+        reach = max(reach, span[1])
+        if group == next_group and next_span[0] >= reach:
+            cuts.setdefault(group, set()).add(reach)
+        if group != next_group:
+            reach = -1
+    return cuts
 
 
 def _token_ends(text: str, spans: Sequence[Span]) -> list[int | None]:
