@@ -12,8 +12,8 @@ of its pieces, read from its decoder (``tokenizer.json``):
 
 Special tokens (the tokenizer's added special tokens: BOS, EOS, pad, chat markers) are matched by their
 literal string only, never with text; and the two end-of-sequence tokens are paired by role when their
-strings differ. Pieces spelling the same bytes twice in one vocabulary (rare) keep the lowest id; the
-others are left unmatched, so that no id appears twice in the map.
+strings differ. Pieces spelling the same bytes twice in one vocabulary keep one id (a piece before a byte-fallback
+token, then the lowest id); the others are left unmatched, so that no id appears twice in the map.
 
 Known limits: a first word without its leading space (SentencePiece's ``▁Hello`` against BPE's
 ``Hello``) matches only when both spell it alike; a piece's meaning beyond its bytes (a word start or
@@ -49,10 +49,9 @@ class SharedVocabulary:
 
 def shared_vocabulary(student_tokenizer, teacher_tokenizer) -> SharedVocabulary:
     """The strings both vocabularies hold (module docstring), ordered by student id."""
-    student, teacher = token_surfaces(student_tokenizer), token_surfaces(teacher_tokenizer)
-    teacher_by_surface = _first_id_by_surface(teacher)
+    teacher_by_surface = _id_by_surface(teacher_tokenizer)
     pairs = [(student_id, teacher_by_surface[surface], surface)
-             for surface, student_id in _first_id_by_surface(student).items() if surface in teacher_by_surface]
+             for surface, student_id in _id_by_surface(student_tokenizer).items() if surface in teacher_by_surface]
     student_eos, teacher_eos = student_tokenizer.eos_token_id, teacher_tokenizer.eos_token_id
     paired_student, paired_teacher = {p[0] for p in pairs}, {p[1] for p in pairs}
     if (student_eos is not None and teacher_eos is not None and student_eos not in paired_student
@@ -90,9 +89,14 @@ def token_surfaces(tokenizer) -> dict[int, bytes | tuple[str, str]]:
     return surfaces
 
 
-def _first_id_by_surface(surfaces: dict[int, bytes | tuple[str, str]]) -> dict[bytes | tuple[str, str], int]:
+def _id_by_surface(tokenizer) -> dict[bytes | tuple[str, str], int]:
+    """surface -> the id that spells it; of several, a piece before a byte-fallback token (``▁`` before
+    ``<0x20>``: the tokenizer emits the piece), then the lowest id."""
+    surfaces = token_surfaces(tokenizer)
+    pieces = tokenizer.convert_ids_to_tokens(list(surfaces))
+    fallback = {i for i, piece in zip(surfaces, pieces) if _BYTE_FALLBACK.fullmatch(piece)}
     by_surface: dict = {}
-    for token_id in sorted(surfaces):
+    for token_id in sorted(surfaces, key=lambda i: (i in fallback, i)):
         by_surface.setdefault(surfaces[token_id], token_id)
     return by_surface
 
