@@ -148,15 +148,16 @@ def align_tokens(texts: Sequence[str], student: SideTokens, teacher: SideTokens,
         rows.append(_truncate(student_groups, teacher_groups, cuts, max_length))
     batch = len(texts)
     num_groups = max((len(cuts) for _, _, cuts in rows), default=0)
-    group_mask = torch.zeros(batch, num_groups, dtype=torch.bool)
-    one_to_one = torch.zeros(batch, num_groups, dtype=torch.bool)
-    group_spans = torch.zeros(batch, num_groups, 2, dtype=torch.long)
-    for row, (student_groups, teacher_groups, cuts) in enumerate(rows):
+    mask_rows, one_to_one_rows, span_rows = [], [], []
+    for student_groups, teacher_groups, cuts in rows:
         student_sizes, teacher_sizes = _group_sizes(student_groups, len(cuts)), _group_sizes(teacher_groups, len(cuts))
-        for group, (start, end) in enumerate(cuts):
-            group_spans[row, group] = torch.tensor([start, end])
-            group_mask[row, group] = student_sizes[group] > 0 and teacher_sizes[group] > 0
-            one_to_one[row, group] = student_sizes[group] == 1 and teacher_sizes[group] == 1
+        padding = num_groups - len(cuts)
+        mask_rows.append([s > 0 and t > 0 for s, t in zip(student_sizes, teacher_sizes)] + [False] * padding)
+        one_to_one_rows.append([s == 1 and t == 1 for s, t in zip(student_sizes, teacher_sizes)] + [False] * padding)
+        span_rows.append([list(cut) for cut in cuts] + [[0, 0]] * padding)
+    group_mask = torch.tensor(mask_rows, dtype=torch.bool).view(batch, num_groups)
+    one_to_one = torch.tensor(one_to_one_rows, dtype=torch.bool).view(batch, num_groups)
+    group_spans = torch.tensor(span_rows, dtype=torch.long).view(batch, num_groups, 2)
     return TextAlignment(
         student=_pad_side(student, [r[0] for r in rows], student_pad_id, max_length),
         teacher=_pad_side(teacher, [r[1] for r in rows], teacher_pad_id, max_length),
@@ -170,7 +171,8 @@ def align_spans(text: str, student_spans: Sequence[Span], teacher_spans: Sequenc
                 ) -> tuple[list[int], list[int], list[tuple[int, int]]]:
     """One row: the group of each student and each teacher token (−1 for none) and each group's
     characters ``[start, end)``, in text order."""
-    student_ends, teacher_ends = _token_ends(text, student_spans), _token_ends(text, teacher_spans)
+    content_end = _content_ends(text)
+    student_ends, teacher_ends = _token_ends(content_end, student_spans), _token_ends(content_end, teacher_spans)
     common = sorted(_cuts(student_spans, student_ends) & _cuts(teacher_spans, teacher_ends))
     student_groups = _assign(student_spans, student_ends, common)
     teacher_groups = _assign(teacher_spans, teacher_ends, common)
@@ -192,19 +194,20 @@ def _split_at_shared_raw_cuts(student_spans: Sequence[Span], student_groups: lis
     A cut is a position that no token of the side overlaps."""
     student_raw, teacher_raw = _raw_cuts(student_spans, student_groups), _raw_cuts(teacher_spans, teacher_groups)
     starts = [0, *common[:-1]]
-    new_student, new_teacher = list(student_groups), list(teacher_groups)
+    first_of_group, inner_cuts = [], []  # per old group: its first new number, its inner common cuts
     spans: list[tuple[int, int]] = []
     for group, (start, end) in enumerate(zip(starts, common)):
         inner = sorted(p for p in student_raw.get(group, set()) & teacher_raw.get(group, set()) if start < p < end)
         bounds = [start, *inner, end]
-        first = len(spans)
+        first_of_group.append(len(spans))
+        inner_cuts.append(inner)
         spans.extend(zip(bounds[:-1], bounds[1:]))
-        for spans_of_side, groups_of_side, new_groups in ((student_spans, student_groups, new_student),
-                                                          (teacher_spans, teacher_groups, new_teacher)):
-            for index, g in enumerate(groups_of_side):
-                if g == group:
-                    new_groups[index] = first + bisect.bisect_right(inner, spans_of_side[index][0])
-    return new_student, new_teacher, spans
+
+    def renumber(side_spans: Sequence[Span], side_groups: list[int]) -> list[int]:
+        return [g if g < 0 else first_of_group[g] + bisect.bisect_right(inner_cuts[g], side_spans[i][0])
+                for i, g in enumerate(side_groups)]
+
+    return renumber(student_spans, student_groups), renumber(teacher_spans, teacher_groups), spans
 
 
 def _raw_cuts(spans: Sequence[Span], groups: list[int]) -> dict[int, set[int]]:
@@ -221,22 +224,26 @@ def _raw_cuts(spans: Sequence[Span], groups: list[int]) -> dict[int, set[int]]:
     return cuts
 
 
-def _token_ends(text: str, spans: Sequence[Span]) -> list[int | None]:
+def _token_ends(content_end: list[int], spans: Sequence[Span]) -> list[int | None]:
     """Per token, the end of its last non-whitespace character (None: special, or whitespace only), made
-    non-decreasing along the row."""
+    non-decreasing along the row; ``content_end`` is the text's ``_content_ends``."""
     ends: list[int | None] = []
     highest = 0
     for span in spans:
-        if span is None:
+        end = None if span is None else content_end[min(span[1], len(content_end) - 1)]
+        if end is None or end <= span[0]:
             ends.append(None)
             continue
-        start, end = span
-        content = text[start:end].rstrip()
-        if not content.strip():
-            ends.append(None)
-            continue
-        highest = max(highest, start + len(content))
+        highest = max(highest, end)
         ends.append(highest)
+    return ends
+
+
+def _content_ends(text: str) -> list[int]:
+    """For each position p (0..len), the end of the last non-whitespace character before p (0 if none)."""
+    ends = [0] * (len(text) + 1)
+    for position, character in enumerate(text, start=1):
+        ends[position] = ends[position - 1] if character.isspace() else position
     return ends
 
 
