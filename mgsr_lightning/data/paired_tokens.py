@@ -72,8 +72,8 @@ def encode_paired_records(
         sides[side] = (prompt_ids, tokenize_with_spans(tokenizer, responses, side=side), tokenizer.eos_token_id)
     stats = {"kept": 0, "dropped_long_prompt": 0, "dropped_long_response": 0}
     examples = []
+    (student_prompt, student, student_eos), (teacher_prompt, teacher, teacher_eos) = sides["student"], sides["teacher"]
     for index, response in enumerate(responses):
-        (student_prompt, student, student_eos), (teacher_prompt, teacher, teacher_eos) = sides["student"], sides["teacher"]
         prompts = (student_prompt[index], teacher_prompt[index])
         if max(len(p) for p in prompts) > max_prompt_length:
             stats["dropped_long_prompt"] += 1
