@@ -49,6 +49,8 @@ class SharedVocabulary:
 
 def shared_vocabulary(student_tokenizer, teacher_tokenizer) -> SharedVocabulary:
     """The strings both vocabularies hold (module docstring), ordered by student id."""
+    require_offsets(student_tokenizer, "student")
+    require_offsets(teacher_tokenizer, "teacher")
     teacher_by_surface = _id_by_surface(teacher_tokenizer)
     pairs = [(student_id, teacher_by_surface[surface], surface)
              for surface, student_id in _id_by_surface(student_tokenizer).items() if surface in teacher_by_surface]
@@ -67,7 +69,7 @@ def shared_vocabulary(student_tokenizer, teacher_tokenizer) -> SharedVocabulary:
 
 def token_surfaces(tokenizer) -> dict[int, bytes | tuple[str, str]]:
     """id -> what the token spells: bytes for text pieces, ``("special", string)`` for special tokens."""
-    require_offsets(tokenizer, "tokenizer")
+    require_offsets(tokenizer, "given")
     decoder = json.loads(tokenizer.backend_tokenizer.to_str()).get("decoder") or {}
     kinds = _decoder_kinds(decoder)
     special = set(tokenizer.all_special_tokens)

@@ -174,6 +174,9 @@ def exact_match_loss(
     """
     if divergence not in EXACT_MATCH_DIVERGENCES:
         raise ValueError(f"divergence must be one of {', '.join(EXACT_MATCH_DIVERGENCES)}, got {divergence!r}")
+    reserved = {"temperature", "reduction", "chunk_size", "mask", "clip_net"} & set(params or {})
+    if reserved:
+        raise ValueError(f"params must not hold {sorted(reserved)}: they are exact_match_loss's own arguments")
     if student_shared_ids.dim() != 1 or student_shared_ids.shape != teacher_shared_ids.shape:
         raise ValueError(f"student_shared_ids {tuple(student_shared_ids.shape)} and teacher_shared_ids "
                          f"{tuple(teacher_shared_ids.shape)} must be [S] each")

@@ -7,7 +7,14 @@ import pytest
 import torch
 from transformers import ByT5Tokenizer
 
-from mgsr_lightning.cross_tokenizer import SideTokens, align_spans, align_texts, align_tokens, token_surfaces
+from mgsr_lightning.cross_tokenizer import (
+    SideTokens,
+    align_spans,
+    align_texts,
+    align_tokens,
+    shared_vocabulary,
+    token_surfaces,
+)
 from mgsr_lightning.errors import ConfigError, user_message
 
 
@@ -145,3 +152,5 @@ def test_a_slow_tokenizer_gets_one_clear_line(small_bpe):
         align_texts(["hi"], small_bpe, ByT5Tokenizer())
     message = user_message(error.value)
     assert "teacher" in message and "\n" not in message
+    with pytest.raises(ConfigError, match="the student tokenizer .* is not a fast tokenizer"):
+        shared_vocabulary(ByT5Tokenizer(), small_bpe)

@@ -206,6 +206,8 @@ def test_bad_inputs_are_refused():
     student, teacher, groups, _ = _case()
     with pytest.raises(ValueError, match="divergence must be one of"):
         exact_match_loss(student, teacher, groups, *SHARED, divergence="kl")
+    with pytest.raises(ValueError, match="exact_match_loss's own arguments"):
+        exact_match_loss(student, teacher, groups, *SHARED, params={"temperature": 2.0})
     with pytest.raises(ValueError, match="student_logits"):
         uld_loss(student[:, :3], teacher, groups)
     with pytest.raises(ValueError, match="reduction"):
