@@ -130,8 +130,8 @@ def align_texts(texts: Sequence[str], student_tokenizer, teacher_tokenizer, *, a
     """
     student = tokenize_with_spans(student_tokenizer, texts, add_special_tokens=add_special_tokens, side="student")
     teacher = tokenize_with_spans(teacher_tokenizer, texts, add_special_tokens=add_special_tokens, side="teacher")
-    return align_tokens(texts, student, teacher, student_pad_id=_pad_id(student_tokenizer),
-                        teacher_pad_id=_pad_id(teacher_tokenizer), max_length=max_length)
+    return align_tokens(texts, student, teacher, student_pad_id=pad_token_id_of(student_tokenizer),
+                        teacher_pad_id=pad_token_id_of(teacher_tokenizer), max_length=max_length)
 
 
 def align_tokens(texts: Sequence[str], student: SideTokens, teacher: SideTokens, *, student_pad_id: int,
@@ -318,7 +318,8 @@ def _pad_side(side: SideTokens, groups: list[list[int]], pad_id: int, max_length
     return TokenizedSide(input_ids=input_ids, attention_mask=attention_mask, groups=group_ids, offsets=offsets)
 
 
-def _pad_id(tokenizer) -> int:
+def pad_token_id_of(tokenizer) -> int:
+    """The id that pads ``tokenizer``'s rows: its pad token, else its EOS, else 0."""
     for token_id in (tokenizer.pad_token_id, tokenizer.eos_token_id):
         if token_id is not None:
             return int(token_id)
