@@ -48,18 +48,23 @@ per row, ``P`` compared groups, ``S`` shared strings. Logits are position-aligne
 own side: ``logits[:, t]`` is the distribution of ``ids[:, t]`` (response logits). Computation in
 float32 (float64 stays float64); ``-inf`` logits are zero probabilities, and entries with zero
 probability on both sides contribute nothing with finite gradients. "mean" averages over compared groups
-(0 when there are none), "sum" adds, "none" returns [B, G] with zeros at groups not compared.
+(0 when there are none), "sum" adds, "none" returns [B, G] with zeros at groups not compared. Memory: each
+side's first-token log-probabilities are a [P, V] block; ``chunk_size`` groups at a time under activation
+checkpointing bound it to [chunk_size, V] (:func:`per_group_chunks`), for real vocabularies.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 from mgsr_lightning.losses._common import REDUCTIONS, log_softmax
+from mgsr_lightning.losses.dac_kl import DIAGNOSTICS as DAC_KL_DIAGNOSTICS
 from mgsr_lightning.losses.dac_kl import ClipNet, dac_kl
 from mgsr_lightning.losses.divergences import DIVERGENCES
 
@@ -98,13 +103,16 @@ def group_log_probs(logits: Tensor, ids: Tensor, groups: Tensor, rows: Tensor, n
 
     logits [B, T, V], ids [B, T], groups [B, T] (−1 = none), rows [P]: flat group indices ``b·G + g``.
     Returns ``(first_log_probs [P, V], log_continuation [P])``: the log-probabilities at each group's first
-    token and the summed log-probability of the group's other (observed) tokens, float32.
+    token and the summed log-probability of the group's other (observed) tokens, float32. Only the rows
+    of ``rows``' groups are read.
     """
     batch, length = groups.shape
-    in_group = groups >= 0
+    selected = torch.zeros(batch * num_groups + 1, dtype=torch.bool, device=groups.device)
+    selected[rows] = True
+    key = torch.arange(batch, device=groups.device)[:, None] * num_groups + groups  # [B, T] flat group index
+    in_group = (groups >= 0) & selected[key.where(groups >= 0, batch * num_groups)]  # the last entry: False
     previous = torch.cat([groups.new_full((batch, 1), -1), groups[:, :-1]], 1)
     first = in_group & (groups != previous)  # [B, T]
-    key = torch.arange(batch, device=groups.device)[:, None] * num_groups + groups  # [B, T] flat group index
     position = torch.arange(batch * length, device=groups.device).view(batch, length)  # flat b·T + t
     first_position = groups.new_zeros(batch * num_groups).index_put_((key[first],), position[first])
     flat_logits = logits.reshape(batch * length, -1)
@@ -118,20 +126,26 @@ def group_log_probs(logits: Tensor, ids: Tensor, groups: Tensor, rows: Tensor, n
 
 
 def uld_loss(student_logits: Tensor, teacher_logits: Tensor, groups: AlignedGroups, *, temperature: float = 1.0,
-             reduction: str = "mean") -> Tensor:
+             reduction: str = "mean", chunk_size: int | None = None) -> Tensor:
     """Universal Logit Distillation over aligned groups (module docstring): the sorted-probability L1
     (Wasserstein-1) distance between the two sides' group distributions, zero-padding the smaller vocabulary.
 
     student_logits [B, Ts, Vs], teacher_logits [B, Tt, Vt] -> [] ("mean", "sum") or [B, G] ("none").
+    ``chunk_size``: compared groups per chunk (see :func:`per_group_chunks`).
     """
-    rows = _check(student_logits, teacher_logits, groups, temperature, reduction)
-    student = _sorted_group_probs(student_logits, groups.student_ids, groups.student_groups, rows, groups, temperature)
-    teacher = _sorted_group_probs(teacher_logits, groups.teacher_ids, groups.teacher_groups, rows, groups, temperature)
-    shorter, longer = sorted((student, teacher), key=lambda probs: probs.size(-1))
-    common = shorter.size(-1)
-    # beyond the smaller vocabulary the padded side is 0: |0 − g| = g
-    distance = (shorter - longer[:, :common]).abs().sum(-1) + longer[:, common:].sum(-1)  # [P]
-    return _reduce(distance, rows, groups.group_mask, reduction)
+    rows = _check(student_logits, teacher_logits, groups, temperature, reduction, chunk_size)
+
+    def distances(chunk_rows: Tensor) -> Tensor:  # [n] -> [n]
+        student = _sorted_group_probs(student_logits, groups.student_ids, groups.student_groups, chunk_rows, groups,
+                                      temperature)
+        teacher = _sorted_group_probs(teacher_logits, groups.teacher_ids, groups.teacher_groups, chunk_rows, groups,
+                                      temperature)
+        shorter, longer = sorted((student, teacher), key=lambda probs: probs.size(-1))
+        common = shorter.size(-1)
+        # beyond the smaller vocabulary the padded side is 0: |0 − g| = g
+        return (shorter - longer[:, :common]).abs().sum(-1) + longer[:, common:].sum(-1)
+
+    return _reduce(per_group_chunks(distances, rows, chunk_size), rows, groups.group_mask, reduction)
 
 
 def _sorted_group_probs(logits: Tensor, ids: Tensor, token_groups: Tensor, rows: Tensor, groups: AlignedGroups,
@@ -139,6 +153,16 @@ def _sorted_group_probs(logits: Tensor, ids: Tensor, token_groups: Tensor, rows:
     """g at each compared group in descending order, [P, V]."""
     first_log_probs, continuation = group_log_probs(logits, ids, token_groups, rows, groups.num_groups, temperature)
     return (first_log_probs.sort(-1, descending=True).values + continuation[:, None]).exp()
+
+
+def per_group_chunks(values_fn: Callable[[Tensor], Tensor], rows: Tensor, chunk_size: int | None) -> Tensor:
+    """``values_fn(rows) -> [P, ...]``, run ``chunk_size`` groups at a time under activation checkpointing:
+    each chunk's [chunk, V] intermediates are freed after its forward and recomputed in the backward, so
+    the extra memory is O(chunk_size · V) instead of O(P · V), for about one more forward of the loss."""
+    if chunk_size is None or rows.numel() <= chunk_size:
+        return values_fn(rows)
+    return torch.cat([checkpoint(values_fn, rows[start:start + chunk_size], use_reentrant=False)
+                      for start in range(0, rows.numel(), chunk_size)])
 
 
 def exact_match_loss(
@@ -166,11 +190,11 @@ def exact_match_loss(
             DAC-KL ``mode``, ``variant``, ``fixed_bounds``, ... and ``clip_net`` in learned mode).
         temperature: τ, dividing both logits before the softmax.
         reduction: "mean" over compared groups, "sum", or "none" ([B, G]).
-        chunk_size: compared groups per chunk inside the divergence (the projection itself is one block
-            of [P, V] per side).
+        chunk_size: compared groups per chunk, projection and divergence together (:func:`per_group_chunks`).
 
     Returns:
-        ``(loss, diagnostics)``: diagnostics are DAC-KL's (empty for the other divergences).
+        ``(loss, diagnostics)``: diagnostics are DAC-KL's means over compared groups (empty for the other
+        divergences).
     """
     if divergence not in EXACT_MATCH_DIVERGENCES:
         raise ValueError(f"divergence must be one of {', '.join(EXACT_MATCH_DIVERGENCES)}, got {divergence!r}")
@@ -180,22 +204,26 @@ def exact_match_loss(
     if student_shared_ids.dim() != 1 or student_shared_ids.shape != teacher_shared_ids.shape:
         raise ValueError(f"student_shared_ids {tuple(student_shared_ids.shape)} and teacher_shared_ids "
                          f"{tuple(teacher_shared_ids.shape)} must be [S] each")
-    rows = _check(student_logits, teacher_logits, groups, temperature, reduction)
-    student = _shared_and_rest(student_logits, groups.student_ids, groups.student_groups, rows, groups,
-                               student_shared_ids, temperature)
-    teacher = _shared_and_rest(teacher_logits, groups.teacher_ids, groups.teacher_groups, rows, groups,
-                               teacher_shared_ids, temperature)
-    inner_reduction = "none" if reduction == "none" else "sum"
-    # the projected vectors are log-probabilities already: log_softmax leaves them as they are (τ applied above)
-    if divergence == "dac_kl":
-        loss, diagnostics = dac_kl(student[None], teacher[None], clip_net=clip_net, reduction=inner_reduction,
-                                   chunk_size=chunk_size, **(params or {}))
-    else:
-        loss = DIVERGENCES[divergence](student[None], teacher[None], reduction=inner_reduction,
-                                       chunk_size=chunk_size, **(params or {}))
-        diagnostics = {}
-    per_group = loss[0] if reduction == "none" else loss
-    return _reduce(per_group, rows, groups.group_mask, reduction, summed=reduction != "none"), diagnostics
+    rows = _check(student_logits, teacher_logits, groups, temperature, reduction, chunk_size)
+    params = dict(params or {})
+
+    def values(chunk_rows: Tensor) -> Tensor:  # [n] -> [n, 1 + d]: the loss, then DAC-KL's diagnostics
+        student = _shared_and_rest(student_logits, groups.student_ids, groups.student_groups, chunk_rows, groups,
+                                   student_shared_ids, temperature)
+        teacher = _shared_and_rest(teacher_logits, groups.teacher_ids, groups.teacher_groups, chunk_rows, groups,
+                                   teacher_shared_ids, temperature)
+        # the projected vectors are log-probabilities already: log_softmax leaves them as they are (τ applied above)
+        if divergence != "dac_kl":
+            return DIVERGENCES[divergence](student[None], teacher[None], reduction="none", **params)[0][:, None]
+        loss, diagnostics = dac_kl(student[None], teacher[None], clip_net=clip_net, reduction="none", **params)
+        means = torch.stack(list(diagnostics.values())) if diagnostics else loss.new_zeros(0)  # over the chunk
+        return torch.cat([loss[0][:, None], means.expand(loss.size(1), -1)], 1)
+
+    per_group = per_group_chunks(values, rows, chunk_size)  # [P, 1 + d]
+    names = DAC_KL_DIAGNOSTICS if divergence == "dac_kl" else ()
+    diagnostics = {name: per_group[:, 1 + i].detach().mean() if rows.numel() else per_group.new_zeros(())
+                   for i, name in enumerate(names)}
+    return _reduce(per_group[:, 0], rows, groups.group_mask, reduction), diagnostics
 
 
 def _shared_and_rest(logits: Tensor, ids: Tensor, token_groups: Tensor, rows: Tensor, groups: AlignedGroups,
@@ -232,7 +260,7 @@ def _log_add(log_a: Tensor, log_b: Tensor) -> Tensor:
 
 
 def _check(student_logits: Tensor, teacher_logits: Tensor, groups: AlignedGroups, temperature: float,
-           reduction: str) -> Tensor:
+           reduction: str, chunk_size: int | None) -> Tensor:
     """Validate the inputs; the compared groups' flat indices ``b·G + g``, [P] (one host sync)."""
     for side, logits, ids, token_groups in (
         ("student", student_logits, groups.student_ids, groups.student_groups),
@@ -249,13 +277,15 @@ def _check(student_logits: Tensor, teacher_logits: Tensor, groups: AlignedGroups
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    if chunk_size is not None and chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive number of groups or None, got {chunk_size}")
     return groups.group_mask.reshape(-1).nonzero().squeeze(1)
 
 
-def _reduce(values: Tensor, rows: Tensor, group_mask: Tensor, reduction: str, *, summed: bool = False) -> Tensor:
-    """[P] per-group values (or their sum when ``summed``) -> the reduction over compared groups."""
+def _reduce(values: Tensor, rows: Tensor, group_mask: Tensor, reduction: str) -> Tensor:
+    """[P] per-group values -> the reduction over compared groups."""
     if reduction == "none":
         return values.new_zeros(group_mask.numel()).index_add(0, rows, values).view(group_mask.shape)
-    total = values if summed else values.sum()
+    total = values.sum()
     return total / max(rows.numel(), 1) if reduction == "mean" else total
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from mgsr_lightning.losses import DIVERGENCES, dac_kl
+from mgsr_lightning.losses import DIVERGENCES, ClipNet, dac_kl
 from mgsr_lightning.losses.cross_tokenizer import AlignedGroups, exact_match_loss, uld_loss
 
 
@@ -115,9 +115,10 @@ SHARED = (torch.tensor([0, 2, 3, 5, 8]), torch.tensor([7, 1, 12, 4, 9]))
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("temperature", [1.0, 2.0])
-def test_uld_matches_the_loop(reduction, temperature):
+@pytest.mark.parametrize("chunk_size", [None, 2])
+def test_uld_matches_the_loop(reduction, temperature, chunk_size):
     student, teacher, groups, _ = _case()
-    got = uld_loss(student, teacher, groups, temperature=temperature, reduction=reduction)
+    got = uld_loss(student, teacher, groups, temperature=temperature, reduction=reduction, chunk_size=chunk_size)
     want = uld_reference(student, teacher, groups, temperature, reduction)
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
 
@@ -134,19 +135,22 @@ def test_uld_with_the_teacher_vocabulary_smaller():
 @pytest.mark.parametrize("divergence", ["forward_kl", "reverse_kl", "generalized_jsd", "total_variation", "abkd",
                                         "skew_forward_kl"])
 @pytest.mark.parametrize("reduction", ["mean", "none"])
-def test_exact_match_matches_the_loop(divergence, reduction):
+@pytest.mark.parametrize("chunk_size", [None, 2])
+def test_exact_match_matches_the_loop(divergence, reduction, chunk_size):
     student, teacher, groups, _ = _case()
     got, diagnostics = exact_match_loss(student, teacher, groups, *SHARED, divergence=divergence,
-                                        temperature=1.5, reduction=reduction)
+                                        temperature=1.5, reduction=reduction, chunk_size=chunk_size)
     want = exact_match_reference(student, teacher, groups, SHARED, 1.5, reduction, divergence)
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
     assert diagnostics == {}
 
 
-def test_exact_match_with_dac_kl_is_dac_kl_of_the_projected_vectors():
+@pytest.mark.parametrize("chunk_size", [None, 2])
+def test_exact_match_with_dac_kl_is_dac_kl_of_the_projected_vectors(chunk_size):
     student, teacher, groups, _ = _case()
     params = {"mode": "fixed", "fixed_bounds": (0.05, 0.9)}
-    got, diagnostics = exact_match_loss(student, teacher, groups, *SHARED, divergence="dac_kl", params=params)
+    got, diagnostics = exact_match_loss(student, teacher, groups, *SHARED, divergence="dac_kl", params=params,
+                                        chunk_size=chunk_size)
     vectors = [projected_reference(student, teacher, groups, SHARED, 1.0, b, g) for b, g in _compared(groups)]
     log_student = torch.tensor([v[0] for v in vectors], dtype=torch.float64).log()[None]
     log_teacher = torch.tensor([v[1] for v in vectors], dtype=torch.float64).log()[None]
@@ -168,15 +172,16 @@ def test_bf16_logits_match_the_loop_on_their_values(loss):
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("loss", ["uld", "exact_match", "exact_match_chunked"])
+@pytest.mark.parametrize("loss", ["uld", "uld_chunked", "exact_match", "exact_match_chunked"])
 def test_gradients_are_finite_and_match_autograd_of_the_reference(loss):
     student, teacher, groups, _ = _case(dtype=torch.float64)
     student.requires_grad_(True)
 
     def run(x):
-        if loss == "uld":
-            return uld_loss(x, teacher, groups)
-        return exact_match_loss(x, teacher, groups, *SHARED, chunk_size=2 if loss.endswith("chunked") else None)[0]
+        chunk_size = 2 if loss.endswith("chunked") else None
+        if loss.startswith("uld"):
+            return uld_loss(x, teacher, groups, chunk_size=chunk_size)
+        return exact_match_loss(x, teacher, groups, *SHARED, chunk_size=chunk_size)[0]
 
     value = run(student)
     (grad,) = torch.autograd.grad(value, student)
@@ -212,3 +217,26 @@ def test_bad_inputs_are_refused():
         uld_loss(student[:, :3], teacher, groups)
     with pytest.raises(ValueError, match="reduction"):
         uld_loss(student, teacher, groups, reduction="max")
+    with pytest.raises(ValueError, match="chunk_size"):
+        uld_loss(student, teacher, groups, chunk_size=0)
+
+
+def test_chunks_give_the_same_loss_and_gradients_to_the_student_and_clip_net():
+    student, teacher, groups, _ = _case(dtype=torch.float64)
+    torch.manual_seed(0)
+    clip_net = ClipNet(k=4, hidden=8).double()
+    torch.nn.init.normal_(clip_net.mlp[-1].weight)  # a band that moves with its input
+    results = []
+    for chunk_size in (None, 2):
+        x = student.clone().requires_grad_(True)
+        loss, diagnostics = exact_match_loss(x, teacher, groups, *SHARED, divergence="dac_kl", clip_net=clip_net,
+                                             params={"mode": "learned"}, chunk_size=chunk_size)
+        grads = torch.autograd.grad(loss, [x, *clip_net.parameters()])
+        results.append((loss, diagnostics, grads))
+    (loss, diagnostics, grads), (chunked_loss, chunked_diagnostics, chunked_grads) = results
+    torch.testing.assert_close(chunked_loss, loss)
+    for name in diagnostics:
+        torch.testing.assert_close(chunked_diagnostics[name], diagnostics[name])
+    for plain, chunked in zip(grads, chunked_grads):
+        torch.testing.assert_close(chunked, plain)
+    assert grads[1].abs().sum() > 0  # ClipNet learns through the loss
