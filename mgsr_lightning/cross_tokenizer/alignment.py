@@ -15,9 +15,14 @@ What counts as a cut, so that the tokenizers' conventions do not matter:
   SentencePiece's ``▁world`` and WordPiece's tokens (which cover no space at all) then cut at the same
   places. A token of whitespace only (``Ġ``, ``\\n\\n``) joins the group of the next token on its side;
   trailing whitespace tokens form a last group when both sides have some, and are left out otherwise.
+  Where both sides cut at the very same character inside a group (whitespace tokens alike on both
+  sides: ``Ġ`` + ``Ca`` against ``Ġ`` + ``Ca``), the group is split there, so identical tokenizations
+  align one to one.
 - **Characters split across tokens** (byte-level BPE's pieces of a multi-byte character, SentencePiece's
   byte-fallback tokens ``<0xE2><0x82><0xAC>``) give several tokens the same character offsets. A token
-  whose successor starts before its end (they overlap) is no cut: the pieces stay in one group.
+  whose successor starts before its end (they overlap) is no cut: the pieces stay in one group (even
+  with one tokenizer on both sides: character offsets cannot tell two ways of splitting a character's
+  bytes apart).
 - **Special tokens** (the tokenizer's own, BOS/EOS/pad, whether added by its template or written in the
   text) and **padding** belong to no group (−1).
 - **Truncation** (``max_length``, counted in tokens of each side) is applied after aligning the full
