@@ -1,4 +1,5 @@
-"""Distilling across tokenizers: the alignment of two tokenizations on the text, and the shared vocabulary.
+"""Distilling across tokenizers: the alignment of two tokenizations on the text, the shared vocabulary, the
+student's own ids re-tokenised for the teacher, and SCRG's corrections carried through text.
 
 The losses themselves are pure functions of tensors in :mod:`mgsr_lightning.losses.cross_tokenizer`.
 """
@@ -14,6 +15,7 @@ from mgsr_lightning.cross_tokenizer.alignment import (
     require_offsets,
     tokenize_with_spans,
 )
+from mgsr_lightning.cross_tokenizer.correction import TextCorrection, correction_through_text
 from mgsr_lightning.cross_tokenizer.retokenize import align_student_ids, text_and_spans
 from mgsr_lightning.cross_tokenizer.vocabulary_map import SharedVocabulary, shared_vocabulary, token_surfaces
 
@@ -21,11 +23,13 @@ __all__ = [
     "SharedVocabulary",
     "SideTokens",
     "TextAlignment",
+    "TextCorrection",
     "TokenizedSide",
     "align_spans",
     "align_student_ids",
     "align_texts",
     "align_tokens",
+    "correction_through_text",
     "pad_token_id_of",
     "require_offsets",
     "shared_vocabulary",
