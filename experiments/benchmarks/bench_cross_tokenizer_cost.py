@@ -44,8 +44,8 @@ from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
 from mgsr_lightning.cross_tokenizer import align_texts, align_tokens, shared_vocabulary, tokenize_with_spans
 from mgsr_lightning.data.tasks.knowledge import FAMILIES
-from mgsr_lightning.data.templates import render_prompt
 from mgsr_lightning.data.tasks.tiny import generate_splits
+from mgsr_lightning.data.templates import render_prompt
 from mgsr_lightning.losses.cross_tokenizer import exact_match_loss, uld_loss
 
 TARGET = 0.10
