@@ -10,9 +10,9 @@ A batch holds the student's rollout under the usual keys (``prompt_ids``, ``prom
 ``response_ids``, ``response_mask``: the single-tokenizer contract, so the student's side of a training
 step is unchanged), the teacher's under ``teacher_prompt_ids`` ..., and the alignment of the two
 responses: ``student_groups`` [B, Rs], ``teacher_groups`` [B, Rt] (the group of each response token, −1
-for padding), ``group_mask`` and ``one_to_one`` [B, G]. :func:`aligned_groups` turns a batch into the
-losses' :class:`~mgsr_lightning.losses.cross_tokenizer.AlignedGroups` (response-aligned, as
-``response_logits`` are).
+for padding), ``group_mask`` and ``one_to_one`` [B, G].
+:func:`mgsr_lightning.cross_tokenizer.teacher_side.aligned_groups` turns a batch into the losses'
+:class:`~mgsr_lightning.losses.cross_tokenizer.AlignedGroups` (response-aligned, as ``response_logits`` are).
 
 Length policy: a row whose prompt on either side is longer than ``max_prompt_length``, or whose prompt +
 response + EOS on either side is longer than ``max_length``, is dropped and counted (truncating would
@@ -31,7 +31,6 @@ import torch
 from mgsr_lightning.batch import Rollout, pad_sequences
 from mgsr_lightning.cross_tokenizer.alignment import align_spans, require_offsets, tokenize_with_spans
 from mgsr_lightning.data.templates import PromptTemplate, render_prompt
-from mgsr_lightning.losses.cross_tokenizer import AlignedGroups
 
 
 @dataclass
@@ -58,9 +57,11 @@ def encode_paired_records(
     template: PromptTemplate = "alpaca",
     max_length: int | None = None,
     max_prompt_length: int = 10**9,
+    student_eos_id: int | None = None,
 ) -> tuple[list[PairedExample], dict[str, int]]:
     """Render, tokenise per side and align each record (module docstring); returns the examples and the
-    counts ``kept``, ``dropped_long_prompt``, ``dropped_long_response``."""
+    counts ``kept``, ``dropped_long_prompt``, ``dropped_long_response``. ``student_eos_id``: the id ending the
+    student's responses (default its tokenizer's EOS; the teacher's responses end with the teacher's)."""
     require_offsets(student_tokenizer, "student")
     require_offsets(teacher_tokenizer, "teacher")
     add_special = template != "chat"  # chat templates already contain BOS and role markers
@@ -69,7 +70,8 @@ def encode_paired_records(
     for side, tokenizer in (("student", student_tokenizer), ("teacher", teacher_tokenizer)):
         prompts = [record.get("prompt") or render_prompt(record, template, tokenizer) for record in records]
         prompt_ids = tokenizer(prompts, add_special_tokens=add_special)["input_ids"] if prompts else []
-        sides[side] = (prompt_ids, tokenize_with_spans(tokenizer, responses, side=side), tokenizer.eos_token_id)
+        eos_id = student_eos_id if side == "student" and student_eos_id is not None else tokenizer.eos_token_id
+        sides[side] = (prompt_ids, tokenize_with_spans(tokenizer, responses, side=side), eos_id)
     stats = {"kept": 0, "dropped_long_prompt": 0, "dropped_long_response": 0}
     examples = []
     (student_prompt, student, student_eos), (teacher_prompt, teacher, teacher_eos) = sides["student"], sides["teacher"]
@@ -137,13 +139,3 @@ def _group_sizes(groups: list[int], num_groups: int) -> torch.Tensor:
     """Tokens per group, [num_groups]."""
     return torch.bincount(torch.tensor([g for g in groups if g >= 0], dtype=torch.long), minlength=num_groups)
 
-
-def aligned_groups(batch: dict[str, Any]) -> AlignedGroups:
-    """The losses' view of a collated batch's responses: ids and groups of each side, response-aligned."""
-    return AlignedGroups(
-        student_ids=batch["response_ids"],
-        student_groups=batch["student_groups"],
-        teacher_ids=batch["teacher_response_ids"],
-        teacher_groups=batch["teacher_groups"],
-        group_mask=batch["group_mask"],
-    )

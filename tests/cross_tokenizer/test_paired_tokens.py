@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from mgsr_lightning.cross_tokenizer import shared_vocabulary, token_surfaces
-from mgsr_lightning.data.paired_tokens import PairedCollator, aligned_groups, encode_paired_records
+from mgsr_lightning.cross_tokenizer.teacher_side import aligned_groups
+from mgsr_lightning.data.paired_tokens import PairedCollator, encode_paired_records
 from mgsr_lightning.losses.cross_tokenizer import exact_match_loss, uld_loss
 
 RECORDS = [
