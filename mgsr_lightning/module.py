@@ -46,6 +46,7 @@ from mgsr_lightning.losses.sparse_teacher import densify
 from mgsr_lightning.models.loading import ModelSource, check_pair_vocabularies, check_vocabularies, load_causal_lm
 from mgsr_lightning.models.tokenizer import load_tokenizer, token_id, tokenizer_of
 from mgsr_lightning.scrg.revise import ScrgConfig
+from mgsr_lightning.scrg.through_text import TEACHER_ONLY_CRITERIA, revise_through_text
 from mgsr_lightning.seeding import example_seeds, rollout_seeds
 from mgsr_lightning.spans.token_prior import build_span_prior
 from mgsr_lightning.training.callbacks import (
@@ -166,6 +167,7 @@ class DistillLightningModule(L.LightningModule):
         self.teacher_vocab_size: int | None = None
         self.shared_vocabulary: SharedVocabulary | None = None
         self.student_surfaces: dict | None = None
+        self.teacher_surfaces: dict | None = None
         self.regime = None
         self.decoding: Decoding | None = None
         self._no_decay_names: set[str] = set()
@@ -228,7 +230,9 @@ class DistillLightningModule(L.LightningModule):
         require_offsets(self.tokenizer, "student")
         require_offsets(self.teacher_tokenizer, "teacher")
         unsupported = [name for name, used in (
-            ("teacher_cache", self.teacher_cache is not None), ("scrg", self.scrg is not None),
+            ("teacher_cache", self.teacher_cache is not None),
+            (f"scrg.criterion {getattr(self.scrg, 'criterion', None)} (it compares the two sides' distributions)",
+             self.scrg is not None and self.scrg.criterion not in TEACHER_ONLY_CRITERIA),
             ("minillm", self.minillm is not None), ("span (weight > 0)", self.span.weight > 0),
             ("regime teacher_generated", self.regime_config.name == "teacher_generated"),
         ) if used]
@@ -239,6 +243,7 @@ class DistillLightningModule(L.LightningModule):
         self._check_rest_entries()
         self.objective.shared_ids = (self.shared_vocabulary.student_ids, self.shared_vocabulary.teacher_ids)
         self.student_surfaces = token_surfaces(self.tokenizer)
+        self.teacher_surfaces = token_surfaces(self.teacher_tokenizer)
 
     def _check_rest_entries(self) -> None:
         """Exact match compares one "rest" entry per side: the mass of the strings the other vocabulary lacks.
@@ -374,16 +379,26 @@ class DistillLightningModule(L.LightningModule):
         """[B, R, V] logits predicting each response token, cut to the shared vocabulary."""
         return response_logits(model, sequences, self.vocab_size)
 
-    def student_outputs(self, ground_truth: Rollout) -> TrainingSequences:
+    def student_outputs(self, ground_truth: Rollout, batch: dict[str, Any] | None = None) -> TrainingSequences:
         """Fresh responses to the prompts (:func:`~mgsr_lightning.training.rollout.fresh_outputs`): the student's,
-        SCRG-revised when it is on, or MiniLLM's teacher-mixed ones."""
+        SCRG-revised when it is on, or MiniLLM's teacher-mixed ones. Across tokenizers SCRG runs through text
+        (:func:`~mgsr_lightning.scrg.through_text.revise_through_text`, the teacher's prompts from ``batch``)."""
         on_trainer = self._trainer is not None
         seeds = rollout_seeds(
             self.seed, self.trainer.fit_loop.total_batch_idx if on_trainer else 0, ground_truth.batch_size,
             rank=self.global_rank if on_trainer else 0, world_size=self.trainer.world_size if on_trainer else 1,
         )
-        return fresh_outputs(self.student, self.teacher, ground_truth, self.decoding, seeds, scrg=self.scrg,
-                             minillm=self.minillm)
+        if not (self.across_tokenizers and self.scrg is not None):
+            return fresh_outputs(self.student, self.teacher, ground_truth, self.decoding, seeds, scrg=self.scrg,
+                                 minillm=self.minillm)
+        step = fresh_outputs(self.student, self.teacher, ground_truth, self.decoding, seeds, scrg=None, minillm=None)
+        revised, stats = revise_through_text(
+            self.student, self.teacher, step.sequences, batch["teacher_prompt_ids"], batch["teacher_prompt_mask"],
+            self.scrg, self.decoding, student_tokenizer=self.tokenizer, teacher_tokenizer=self.teacher_tokenizer,
+            student_surfaces=self.student_surfaces, teacher_surfaces=self.teacher_surfaces,
+            teacher_vocab_size=self.teacher_vocab_size, seeds=seeds,
+        )
+        return TrainingSequences(revised, "fresh", metrics=step.metrics | {f"scrg/{k}": v for k, v in stats.items()})
 
     def sample_responses(self, batch: dict[str, Any]) -> Rollout:
         """The student's sampled response to each prompt of a batch, each example with its own seed
@@ -404,7 +419,7 @@ class DistillLightningModule(L.LightningModule):
         ground_truth = Rollout.from_batch(batch)
         # 1. training sequences from the regime: ground truth, replay, teacher outputs, or fresh (sample + SCRG)
         step = self.regime.training_sequences(
-            batch, ground_truth, lambda: self.student_outputs(ground_truth), self.progress
+            batch, ground_truth, lambda: self.student_outputs(ground_truth, batch), self.progress
         )
         sequences = step.sequences
         # 2. logits: the student's over the sequences (and over the ground truth for its SFT term), the teacher's

@@ -153,3 +153,30 @@ def test_forward_kl_to_an_empty_rest_entry_is_refused_in_one_line(tiny_assets, t
     )
     with pytest.raises(ConfigError, match="every student token is in the other vocabulary"):
         module.configure_model()
+
+
+def test_mgsr_with_scrg_through_text_trains_on_student_rollouts(tiny_assets, teacher_side, tmp_path):
+    """SCRG across tokenizers: with the teacher finding an error in nearly every row of an untrained student's
+    samples (first_unlikely below 0.5), rows are corrected through text and re-generated, and two steps train."""
+    cli = fit_across(tiny_assets, teacher_side, tmp_path / "run", "kd", "--model.init_args.regime.name=on_policy",
+                     "--model.init_args.distill.name=generalized_jsd",
+                     '--model.init_args.scrg={"n_corrections": 2, "criterion": "first_unlikely", '
+                     '"unlikely_below": 0.5}')
+    logged = cli.trainer.logged_metrics
+    assert cli.trainer.global_step == 2 and float(logged["source/fresh"]) == 1.0
+    assert float(logged["scrg/corrected_fraction"]) > 0 and float(logged["scrg/regenerated_tokens"]) >= 0
+    assert torch.isfinite(logged["train/loss"]) and float(logged["train/distill"]) > 0
+
+
+def test_scrg_s_max_difference_is_refused_across_tokenizers(tiny_assets, teacher_side):
+    from mgsr_lightning.scrg.revise import ScrgConfig
+
+    module = DistillLightningModule(
+        student=ModelSource(name_or_path=str(tiny_assets["models"]["gpt2"]["student"])),
+        teacher=ModelSource(name_or_path=str(teacher_side["teacher"])),
+        tokenizer=str(tiny_assets["tokenizer"]), teacher_tokenizer=str(teacher_side["tokenizer"]),
+        distill=DistillLoss(name="generalized_jsd"), regime=RegimeConfig(name="on_policy"),
+        scrg=ScrgConfig(criterion="max_difference"),
+    )
+    with pytest.raises(ConfigError, match="scrg.criterion max_difference"):
+        module.configure_model()
