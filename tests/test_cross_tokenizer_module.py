@@ -180,3 +180,37 @@ def test_scrg_s_max_difference_is_refused_across_tokenizers(tiny_assets, teacher
     )
     with pytest.raises(ConfigError, match="scrg.criterion max_difference"):
         module.configure_model()
+
+
+def test_replayed_and_re_tokenised_rows_give_the_teacher_the_paired_batch_s_tokens(tiny_assets, teacher_side):
+    """The ground truth read as if it were the student's rollout (fresh: the batch's teacher prompts; replayed:
+    the student's prompt text re-tokenised) gives the teacher the same tokens and logits as the paired batch's
+    own teacher side, and the same loss (the EOS pair's group is numbered apart, after every row's groups)."""
+    from mgsr_lightning.batch import TrainingSequences
+
+    module = DistillLightningModule(
+        student=ModelSource(name_or_path=str(tiny_assets["models"]["gpt2"]["student"])),
+        teacher=ModelSource(name_or_path=str(teacher_side["teacher"])),
+        tokenizer=str(tiny_assets["tokenizer"]), teacher_tokenizer=str(teacher_side["tokenizer"]), max_length=80,
+        distill=DistillLoss(name="generalized_jsd"), regime=RegimeConfig(name="adaptive_off_policy"),
+    )
+    module.configure_model()
+    data = InstructionDataModule(tokenizer=str(tiny_assets["tokenizer"]),
+                                 teacher_tokenizer=str(teacher_side["tokenizer"]),
+                                 train_data=str(tiny_assets["data"] / "train.jsonl"),
+                                 val_data=str(tiny_assets["data"] / "validation.jsonl"), template="plain",
+                                 max_length=80, max_prompt_length=56, batch_size=4)
+    data.setup("fit")
+    batch = next(iter(data.train_dataloader()))
+    ground_truth = Rollout.from_batch(batch)
+    student_logits = module.logits(module.student, ground_truth).detach()
+    paired_logits, paired_groups = module.teacher_logits_across(batch, TrainingSequences(ground_truth, "ground_truth"))
+    paired_loss, _ = module.objective(ground_truth, student_logits, paired_logits, groups=paired_groups)
+    for source in ("fresh", "replay"):
+        logits, groups = module.teacher_logits_across(batch, TrainingSequences(ground_truth, source))
+        assert groups.teacher_ids.equal(paired_groups.teacher_ids)
+        assert groups.student_ids.equal(ground_truth.response_ids)
+        assert int(groups.group_mask.sum()) == int(paired_groups.group_mask.sum())
+        torch.testing.assert_close(logits, paired_logits)
+        loss, _ = module.objective(ground_truth, student_logits, logits, groups=groups)
+        torch.testing.assert_close(loss, paired_loss)
