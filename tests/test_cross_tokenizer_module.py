@@ -214,3 +214,36 @@ def test_replayed_and_re_tokenised_rows_give_the_teacher_the_paired_batch_s_toke
         torch.testing.assert_close(logits, paired_logits)
         loss, _ = module.objective(ground_truth, student_logits, logits, groups=groups)
         torch.testing.assert_close(loss, paired_loss)
+
+
+CROSS_CONFIGS = sorted((CONFIGS / "cross_tokenizer").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", CROSS_CONFIGS, ids=lambda p: p.stem)
+def test_each_cross_tokenizer_example_config_gives_the_teacher_its_own_tokenizer(path):
+    import contextlib
+    import io
+
+    import yaml
+
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer), pytest.raises(SystemExit) as exit_info:
+        run_cli(["fit", "--config", str(path), "--print_config"])
+    assert exit_info.value.code in (0, None)
+    config = yaml.safe_load(buffer.getvalue())
+    init = config["model"]["init_args"]
+    assert config["data"]["teacher_tokenizer"] and init["distill"]["cross_tokenizer"] in ("exact_match", "uld")
+    assert init["span"]["weight"] == 0 and (init["scrg"] is None or init["scrg"]["criterion"] != "max_difference")
+
+
+def test_the_mgsr_example_runs_two_steps_across_tokenizers_on_tiny_models(tiny_assets, teacher_side, tmp_path):
+    """configs/cross_tokenizer/smollm2_to_gpt2_mgsr.yaml (DAC-KL by exact match, adaptive regime, SCRG through
+    text) with the tiny pair in place of the hub models, fresh student outputs forced on."""
+    overrides = cli_overrides(tiny_assets, "gpt2", tmp_path / "run")
+    overrides.append(f'--model.init_args.teacher={{"name_or_path": "{teacher_side["teacher"]}", "dtype": "float32"}}')
+    cli = run_cli(["fit", "--config", str(CONFIGS / "cross_tokenizer" / "smollm2_to_gpt2_mgsr.yaml"), *overrides,
+                   f"--data.teacher_tokenizer={teacher_side['tokenizer']}", "--trainer.strategy=auto",
+                   "--model.init_args.regime.init_threshold=1.0"])
+    logged = cli.trainer.logged_metrics
+    assert cli.model.across_tokenizers and cli.trainer.global_step == 2
+    assert torch.isfinite(logged["train/loss"]) and "scrg/corrected_fraction" in logged
