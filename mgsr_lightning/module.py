@@ -33,7 +33,7 @@ from transformers import PreTrainedModel
 
 from mgsr_lightning.batch import TEACHER_CACHE_KEYS, Rollout, TrainingSequences
 from mgsr_lightning.cross_tokenizer.alignment import pad_token_id_of, require_offsets
-from mgsr_lightning.cross_tokenizer.teacher_side import paired_teacher_side, retokenized_teacher_side
+from mgsr_lightning.cross_tokenizer.teacher_side import is_paired, paired_teacher_side, retokenized_teacher_side
 from mgsr_lightning.cross_tokenizer.vocabulary_map import SharedVocabulary, shared_vocabulary, token_surfaces
 from mgsr_lightning.errors import ConfigError
 from mgsr_lightning.generation.decode import Decoding, decode_responses, sample
@@ -351,6 +351,10 @@ class DistillLightningModule(L.LightningModule):
         groups aligning them with the student's. Ground truth: the paired batch's teacher side; the student's
         rollouts: its ids spelled out and re-tokenised for the teacher, after the teacher's own prompts (the
         batch's for fresh rows; a replayed row's prompt is the student's prompt text re-tokenised)."""
+        if not is_paired(batch):
+            raise ConfigError("the teacher has its own tokenizer but the training batch holds no teacher tokens: "
+                              "give the data module the same teacher_tokenizer (the CLI links data.teacher_tokenizer "
+                              "to it)")
         if step.source == "ground_truth":
             teacher_sequences, groups = paired_teacher_side(batch)
         else:
