@@ -296,6 +296,10 @@ class DistillLightningModule(L.LightningModule):
         self._no_decay_names = no_decay_names(self.student)
         # Every forward is a collective when parameters are sharded: ranks decode in lockstep.
         synced = self._trainer is not None and self.trainer.world_size > 1
+        if synced and self.across_tokenizers and self.scrg is not None:
+            raise ConfigError("SCRG through text (a teacher with its own tokenizer) runs on one device only: its "
+                              "re-generation is not run in lockstep across ranks yet; train on one device or turn "
+                              "scrg off")
         self.decoding = Decoding(self.sampling, self.eos_token_id, self.tokenizer.pad_token_id, self.vocab_size,
                                  self.max_length, synced, loop=self.decoding_config)
         if self.objective.span_prior is None and self.span.weight > 0:
