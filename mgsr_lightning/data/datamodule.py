@@ -211,6 +211,10 @@ class InstructionDataModule(L.LightningDataModule):
                 records, self.tokenizer, self.teacher_tokenizer, template=h.template, max_length=h.max_length,
                 max_prompt_length=h.max_prompt_length, student_eos_id=self.eos_token_id,
             )
+            dropped = stats["dropped_long_prompt"] + stats["dropped_long_response"]
+            if dropped:
+                log.warning("%s: dropped %d of %d rows too long on the student's or the teacher's side (%s)", name,
+                            dropped, len(records), stats)
         else:
             examples, stats = encode_records(
                 records, self.tokenizer, template=h.template, eos_token_id=self.eos_token_id,
