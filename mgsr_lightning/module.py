@@ -32,15 +32,21 @@ from torchmetrics import MeanMetric
 from transformers import PreTrainedModel
 
 from mgsr_lightning.batch import TEACHER_CACHE_KEYS, Rollout, TrainingSequences
+from mgsr_lightning.cross_tokenizer.alignment import pad_token_id_of, require_offsets
+from mgsr_lightning.cross_tokenizer.teacher_side import is_paired, paired_teacher_side, retokenized_teacher_side
+from mgsr_lightning.cross_tokenizer.vocabulary_map import SharedVocabulary, shared_vocabulary, token_surfaces
+from mgsr_lightning.errors import ConfigError
 from mgsr_lightning.generation.decode import Decoding, decode_responses, sample
 from mgsr_lightning.generation.sampling import DecodingConfig, SamplingConfig
 from mgsr_lightning.generation.scoring import response_logits
+from mgsr_lightning.losses.cross_tokenizer import AlignedGroups
 from mgsr_lightning.losses.minillm import MiniLLMConfig
 from mgsr_lightning.losses.objective import DistillLoss, Objective, SpanLoss, build_clip_net, response_cross_entropy
 from mgsr_lightning.losses.sparse_teacher import densify
-from mgsr_lightning.models.loading import ModelSource, check_pair_vocabularies, load_causal_lm
-from mgsr_lightning.models.tokenizer import load_tokenizer, token_id
+from mgsr_lightning.models.loading import ModelSource, check_pair_vocabularies, check_vocabularies, load_causal_lm
+from mgsr_lightning.models.tokenizer import load_tokenizer, token_id, tokenizer_of
 from mgsr_lightning.scrg.revise import ScrgConfig
+from mgsr_lightning.scrg.through_text import TEACHER_ONLY_CRITERIA, revise_through_text
 from mgsr_lightning.seeding import example_seeds, rollout_seeds
 from mgsr_lightning.spans.token_prior import build_span_prior
 from mgsr_lightning.training.callbacks import (
@@ -98,6 +104,10 @@ class DistillLightningModule(L.LightningModule):
             it to ``seed_everything``, so one training seed varies all of them.
         teacher_cache: The data's teacher cache (linked to ``data.teacher_cache``): ground-truth steps read the
             teacher from it, and a method that trains on ground truth only never loads the teacher.
+        teacher_tokenizer: The teacher's own tokenizer, hub id or folder (linked to ``data.teacher_tokenizer``):
+            when its vocabulary differs from ``tokenizer``'s, the teacher reads its own tokens of the same
+            text and ``distill`` compares aligned token groups (``distill.cross_tokenizer``; see
+            ``docs/cross_tokenizer.md``). None (the default): the teacher shares the student's vocabulary.
     """
 
     def __init__(
@@ -122,6 +132,7 @@ class DistillLightningModule(L.LightningModule):
         export_weights: Literal["best", "last"] = "best",
         seed: int = 0,
         teacher_cache: str | None = None,
+        teacher_tokenizer: str | None = None,
     ):
         super().__init__()
         show_category_names()  # Lightning's formatter drops the category of warnings from files named *lightning*
@@ -142,6 +153,7 @@ class DistillLightningModule(L.LightningModule):
         if self.tokenizer_name is None:
             raise ValueError("set `tokenizer`: neither the student nor the teacher is loaded from a folder or hub id")
         self.eos_token, self.max_length = eos_token, max_length
+        self.teacher_tokenizer_name = teacher_tokenizer
         self.distill, self.minillm, self.span = distill, minillm, span
         self.decoding_config = decoding
         self.sampling, self.optimizer_config, self.validation_config = sampling, optimizer, validation
@@ -155,6 +167,12 @@ class DistillLightningModule(L.LightningModule):
         self.tokenizer = None
         self.eos_token_id: int | None = None
         self.vocab_size: int | None = None  # the vocabulary teacher and student share; logits are cut to it
+        # across tokenizers (a teacher tokenizer with another vocabulary): the teacher's side, built by configure_model
+        self.teacher_tokenizer = None
+        self.teacher_vocab_size: int | None = None
+        self.shared_vocabulary: SharedVocabulary | None = None
+        self.student_surfaces: dict | None = None
+        self.teacher_surfaces: dict | None = None
         self.regime = None
         self.decoding: Decoding | None = None
         self._no_decay_names: set[str] = set()
@@ -175,6 +193,10 @@ class DistillLightningModule(L.LightningModule):
         """The teacher; it is frozen and put in eval mode after this returns."""
         if self.teacher_source is None:
             return None
+        if self.across_tokenizers:
+            t = self.teacher_tokenizer
+            special = {"bos_token_id": t.bos_token_id, "eos_token_id": t.eos_token_id, "pad_token_id": t.pad_token_id}
+            return load_causal_lm(self._seeded(self.teacher_source), len(t), special)
         return load_causal_lm(self._seeded(self.teacher_source), len(self.tokenizer), self.special_token_ids())
 
     def _seeded(self, source: ModelSource) -> ModelSource:
@@ -196,19 +218,93 @@ class DistillLightningModule(L.LightningModule):
         if self.regime is None:
             self.regime = build_regime(self.regime_config, self.tokenizer.pad_token_id, self.seed)
 
+    @property
+    def across_tokenizers(self) -> bool:
+        """Whether the teacher reads its own tokens (a teacher tokenizer with another vocabulary)."""
+        return self.shared_vocabulary is not None
+
+    def _build_teacher_tokenizer_side(self) -> None:
+        """With ``teacher_tokenizer`` set and a vocabulary other than the student's: the teacher's tokenizer,
+        the shared vocabulary (once) and the student's token surfaces; refuses what does not work across
+        tokenizers yet."""
+        if self.teacher_tokenizer_name is None or self.teacher_tokenizer is not None:
+            return
+        self.teacher_tokenizer = load_tokenizer(self.teacher_tokenizer_name)
+        if self.teacher_tokenizer.get_vocab() == self.tokenizer.get_vocab():
+            return  # the same vocabulary: the teacher reads the student's tokens, as without a teacher tokenizer
+        require_offsets(self.tokenizer, "student")
+        require_offsets(self.teacher_tokenizer, "teacher")
+        unsupported = [name for name, used in (
+            ("teacher_cache", self.teacher_cache is not None),
+            (f"scrg.criterion {getattr(self.scrg, 'criterion', None)} (it compares the two sides' distributions)",
+             self.scrg is not None and self.scrg.criterion not in TEACHER_ONLY_CRITERIA),
+            ("minillm", self.minillm is not None), ("span (weight > 0)", self.span.weight > 0),
+            ("regime teacher_generated", self.regime_config.name == "teacher_generated"),
+        ) if used]
+        if unsupported:
+            raise ConfigError(f"distilling across tokenizers (teacher_tokenizer {self.teacher_tokenizer_name!r}) does "
+                              f"not support {', '.join(unsupported)} yet: turn it off, or use one tokenizer for both")
+        self.shared_vocabulary = shared_vocabulary(self.tokenizer, self.teacher_tokenizer)
+        self._check_rest_entries()
+        self.objective.shared_ids = (self.shared_vocabulary.student_ids, self.shared_vocabulary.teacher_ids)
+        self.student_surfaces = token_surfaces(self.tokenizer)
+        self.teacher_surfaces = token_surfaces(self.teacher_tokenizer)
+
+    def _check_rest_entries(self) -> None:
+        """Exact match compares one "rest" entry per side: the mass of the strings the other vocabulary lacks.
+        A side whose whole vocabulary is shared has none, so a divergence that divides by that side's
+        probability is infinite wherever the other side has some (forward KL: the student's rest). One line
+        instead of a training loss of inf."""
+        if self.distill is None or self.distill.cross_tokenizer != "exact_match":
+            return
+        shared = len(self.shared_vocabulary)
+        student_rest, teacher_rest = shared < len(self.tokenizer), shared < len(self.teacher_tokenizer)
+        divides_by = {"forward_kl": ("student",), "reverse_kl": ("teacher",), "symmetric_kl": ("student", "teacher")}
+        for side in divides_by.get(self.distill.name, ()):
+            own, other = (student_rest, teacher_rest) if side == "student" else (teacher_rest, student_rest)
+            if other and not own:
+                raise ConfigError(
+                    f"distill {self.distill.name} with cross_tokenizer exact_match is infinite here: every {side} "
+                    f"token is in the other vocabulary ({shared} shared), so the {side} puts no mass on the strings "
+                    "only the other side has; use distill.cross_tokenizer: uld, or a divergence that stays finite "
+                    "(skew_forward_kl, skew_reverse_kl, generalized_jsd, total_variation)"
+                )
+
+    def _check_vocabularies(self) -> int:
+        """The student's logit rows to compare (see ``check_vocabularies``); across tokenizers each model is
+        checked against its own side's tokenizer."""
+        if not self.across_tokenizers:
+            return check_pair_vocabularies(self.tokenizer, self.student, self.teacher, self.student_source,
+                                           self.teacher_source)
+        sides = (("student", self.student, self.student_source, self.tokenizer),
+                 ("teacher", self.teacher, self.teacher_source, self.teacher_tokenizer))
+        sizes = {}
+        for role, model, source, tokenizer in sides:
+            own = tokenizer_of(source.name_or_path, source.gguf_file) if source is not None and source.name_or_path \
+                else None
+            models = {role: model} if model is not None else {}
+            sizes[role] = check_vocabularies(len(tokenizer), models, {"data": tokenizer, role: own})
+        self.teacher_vocab_size = sizes["teacher"]
+        return sizes["student"]
+
     def configure_model(self) -> None:
-        """Load tokenizer, student and teacher once (called by the Trainer; sharded under FSDP)."""
+        """Load tokenizer(s), student and teacher once (called by the Trainer; sharded under FSDP); across
+        tokenizers, build the shared vocabulary."""
         self._build_student_side()
+        self._build_teacher_tokenizer_side()
         if self.teacher is None and self.teacher_source is not None and self.needs_live_teacher():
             teacher = self.load_teacher()
             teacher.eval()
             teacher.requires_grad_(False)
             self.teacher = teacher
-        self.vocab_size = check_pair_vocabularies(self.tokenizer, self.student, self.teacher, self.student_source,
-                                                  self.teacher_source)
+        self.vocab_size = self._check_vocabularies()
         self._no_decay_names = no_decay_names(self.student)
         # Every forward is a collective when parameters are sharded: ranks decode in lockstep.
         synced = self._trainer is not None and self.trainer.world_size > 1
+        if synced and self.across_tokenizers and self.scrg is not None:
+            raise ConfigError("SCRG through text (a teacher with its own tokenizer) runs on one device only: its "
+                              "re-generation is not run in lockstep across ranks yet; train on one device or turn "
+                              "scrg off")
         self.decoding = Decoding(self.sampling, self.eos_token_id, self.tokenizer.pad_token_id, self.vocab_size,
                                  self.max_length, synced, loop=self.decoding_config)
         if self.objective.span_prior is None and self.span.weight > 0:
@@ -258,22 +354,64 @@ class DistillLightningModule(L.LightningModule):
     def teacher_logits(self, sequences: Rollout) -> Tensor:
         return self.logits(self.teacher, sequences)
 
+    @torch.no_grad()
+    def teacher_logits_across(self, batch: dict[str, Any], step: TrainingSequences) -> tuple[Tensor, AlignedGroups]:
+        """Across tokenizers: the teacher's [B, Rt, Vt] logits over its own tokens of the step's responses and the
+        groups aligning them with the student's. Ground truth: the paired batch's teacher side; the student's
+        rollouts: its ids spelled out and re-tokenised for the teacher, after the teacher's own prompts (the
+        batch's for fresh rows; a replayed row's prompt is the student's prompt text re-tokenised)."""
+        if not is_paired(batch):
+            raise ConfigError("the teacher has its own tokenizer but the training batch holds no teacher tokens: "
+                              "give the data module the same teacher_tokenizer (the CLI links data.teacher_tokenizer "
+                              "to it)")
+        if step.source == "ground_truth":
+            teacher_sequences, groups = paired_teacher_side(batch)
+        else:
+            if step.source == "fresh":
+                prompt_ids, prompt_mask = batch["teacher_prompt_ids"], batch["teacher_prompt_mask"]
+            else:
+                prompt_ids, prompt_mask = self._teacher_prompts(step.sequences)
+            teacher_sequences, groups = retokenized_teacher_side(
+                step.sequences, prompt_ids, prompt_mask, self.student_surfaces, self.teacher_tokenizer,
+                student_eos_id=self.eos_token_id, student_pad_id=self.tokenizer.pad_token_id,
+            )
+        return response_logits(self.teacher, teacher_sequences, self.teacher_vocab_size), groups
+
+    def _teacher_prompts(self, sequences: Rollout) -> tuple[Tensor, Tensor]:
+        """The student's prompts as text, tokenised by the teacher ([B, Pt] left-padded ids and mask)."""
+        prompts, _ = sequences.to_token_lists()
+        texts = self.tokenizer.batch_decode(prompts, skip_special_tokens=True)
+        ids = self.teacher_tokenizer(texts)["input_ids"]
+        teacher_prompts = Rollout.from_token_lists(ids, [[] for _ in ids], pad_token_id=pad_token_id_of(
+            self.teacher_tokenizer), device=sequences.device)
+        return teacher_prompts.prompt_ids, teacher_prompts.prompt_mask
+
     # ---- the pieces a step is made of ------------------------------------------------------------
 
     def logits(self, model: PreTrainedModel, sequences: Rollout) -> Tensor:
         """[B, R, V] logits predicting each response token, cut to the shared vocabulary."""
         return response_logits(model, sequences, self.vocab_size)
 
-    def student_outputs(self, ground_truth: Rollout) -> TrainingSequences:
+    def student_outputs(self, ground_truth: Rollout, batch: dict[str, Any] | None = None) -> TrainingSequences:
         """Fresh responses to the prompts (:func:`~mgsr_lightning.training.rollout.fresh_outputs`): the student's,
-        SCRG-revised when it is on, or MiniLLM's teacher-mixed ones."""
+        SCRG-revised when it is on, or MiniLLM's teacher-mixed ones. Across tokenizers SCRG runs through text
+        (:func:`~mgsr_lightning.scrg.through_text.revise_through_text`, the teacher's prompts from ``batch``)."""
         on_trainer = self._trainer is not None
         seeds = rollout_seeds(
             self.seed, self.trainer.fit_loop.total_batch_idx if on_trainer else 0, ground_truth.batch_size,
             rank=self.global_rank if on_trainer else 0, world_size=self.trainer.world_size if on_trainer else 1,
         )
-        return fresh_outputs(self.student, self.teacher, ground_truth, self.decoding, seeds, scrg=self.scrg,
-                             minillm=self.minillm)
+        if not (self.across_tokenizers and self.scrg is not None):
+            return fresh_outputs(self.student, self.teacher, ground_truth, self.decoding, seeds, scrg=self.scrg,
+                                 minillm=self.minillm)
+        step = fresh_outputs(self.student, self.teacher, ground_truth, self.decoding, seeds, scrg=None, minillm=None)
+        revised, stats = revise_through_text(
+            self.student, self.teacher, step.sequences, batch["teacher_prompt_ids"], batch["teacher_prompt_mask"],
+            self.scrg, self.decoding, student_tokenizer=self.tokenizer, teacher_tokenizer=self.teacher_tokenizer,
+            student_surfaces=self.student_surfaces, teacher_surfaces=self.teacher_surfaces,
+            teacher_vocab_size=self.teacher_vocab_size, seeds=seeds,
+        )
+        return TrainingSequences(revised, "fresh", metrics=step.metrics | {f"scrg/{k}": v for k, v in stats.items()})
 
     def sample_responses(self, batch: dict[str, Any]) -> Rollout:
         """The student's sampled response to each prompt of a batch, each example with its own seed
@@ -294,7 +432,7 @@ class DistillLightningModule(L.LightningModule):
         ground_truth = Rollout.from_batch(batch)
         # 1. training sequences from the regime: ground truth, replay, teacher outputs, or fresh (sample + SCRG)
         step = self.regime.training_sequences(
-            batch, ground_truth, lambda: self.student_outputs(ground_truth), self.progress
+            batch, ground_truth, lambda: self.student_outputs(ground_truth, batch), self.progress
         )
         sequences = step.sequences
         # 2. logits: the student's over the sequences (and over the ground truth for its SFT term), the teacher's
@@ -302,11 +440,15 @@ class DistillLightningModule(L.LightningModule):
         ground_truth_logits = None
         if self.objective.sft_on_ground_truth and sequences is not ground_truth:
             ground_truth_logits = self.logits(self.student, ground_truth)
-        teacher_logits = self.step_teacher_logits(batch, step)
+        groups = None
+        if self.across_tokenizers and self.objective.uses_teacher:  # the teacher over its own tokens
+            teacher_logits, groups = self.teacher_logits_across(batch, step)
+        else:
+            teacher_logits = self.step_teacher_logits(batch, step)
         # 3. the loss terms and their weighted sum
         measure = self.span.grad_ratio_every > 0 and self.global_step % self.span.grad_ratio_every == 0
         loss, metrics = self.objective(
-            sequences, student_logits, teacher_logits, ground_truth, ground_truth_logits, measure
+            sequences, student_logits, teacher_logits, ground_truth, ground_truth_logits, measure, groups=groups
         )
         # 4. one log of the step
         self.log("train/loss", loss, prog_bar=True, batch_size=ground_truth.batch_size)

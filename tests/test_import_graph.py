@@ -13,14 +13,16 @@ Each is a folder of the package or a few root modules:
    use): the root helpers, which import nothing of the package beyond this layer.
 2. losses: ``losses/`` (pure functions of logits; torch and ``batch`` only).
 3. models: ``models/`` (loading, LoRA, tokenizers, checks without weights, export).
-4. generation: ``generation/`` (the scoring forwards, the decode loop, sampling, KV caches).
-5. method: ``spans/`` and ``scrg/``, MGSR's span and sequence levels.
-6. data: ``data/`` (records, templates, collation, the data module, the benchmark generators in ``data/tasks/``).
-7. evaluation: ``evaluation/`` (ROUGE-L over seeds, the evaluation sets, validation metrics, the report).
-8. training: ``training/`` (regimes, rollouts, SeqKD's cache, optimiser, callbacks, resume state, FSDP).
-9. module: ``module`` (the one LightningModule) and the package's ``__init__``, which re-exports it.
-10. cli: ``cli/`` (LightningCLI, config files, validation, the run lock).
-11. pipeline: ``pipeline/`` (multi-step commands built on the CLI) and ``__main__``.
+4. cross_tokenizer: ``cross_tokenizer/`` (two tokenizations of one text aligned, the shared vocabulary, SCRG's
+   correction through text).
+5. generation: ``generation/`` (the scoring forwards, the decode loop, sampling, KV caches).
+6. method: ``spans/`` and ``scrg/``, MGSR's span and sequence levels.
+7. data: ``data/`` (records, templates, collation, the data module, the benchmark generators in ``data/tasks/``).
+8. evaluation: ``evaluation/`` (ROUGE-L over seeds, the evaluation sets, validation metrics, the report).
+9. training: ``training/`` (regimes, rollouts, SeqKD's cache, optimiser, callbacks, resume state, FSDP).
+10. module: ``module`` (the one LightningModule) and the package's ``__init__``, which re-exports it.
+11. cli: ``cli/`` (LightningCLI, config files, validation, the run lock).
+12. pipeline: ``pipeline/`` (multi-step commands built on the CLI) and ``__main__``.
 
 A name covers the module and, for a package, everything under it. A new module needs a place here.
 
@@ -41,6 +43,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (  # lowest first
     ("contract", ("batch", "errors", "missing", "atomic", "distributed", "seeding", "lightning_workarounds", "lazy")),
     ("losses", ("losses",)),
     ("models", ("models",)),
+    ("cross_tokenizer", ("cross_tokenizer",)),
     ("generation", ("generation",)),
     ("method", ("spans", "scrg")),
     ("data", ("data",)),

@@ -291,6 +291,7 @@ class DistillCLI(LightningCLI):
         parser.link_arguments("data.eos_token", "model.init_args.eos_token")
         parser.link_arguments("data.max_length", "model.init_args.max_length")
         parser.link_arguments("data.teacher_cache", "model.init_args.teacher_cache")
+        parser.link_arguments("data.teacher_tokenizer", "model.init_args.teacher_tokenizer")
         parser.link_arguments("seed_everything", "data.seed", compute_fn=training_seed)
         parser.link_arguments("seed_everything", "model.init_args.seed", compute_fn=training_seed)
 

@@ -273,7 +273,12 @@ def check_run_config(config: Any, stage: str) -> None:
         if source is not None and max_length is not None:
             check_positions(role, source, max_length, "data.max_length (prompt + response, rollouts included)")
     tokenizer = get_dotted(init, "tokenizer") or get_dotted(data, "tokenizer")
-    check_vocabulary(tokenizer, {role: get_dotted(init, role) for role in ("student", "teacher")})
+    teacher_tokenizer = get_dotted(init, "teacher_tokenizer") or get_dotted(data, "teacher_tokenizer")
+    if teacher_tokenizer is None:
+        check_vocabulary(tokenizer, {role: get_dotted(init, role) for role in ("student", "teacher")})
+    else:  # across tokenizers each model is read through its own side's tokenizer
+        check_vocabulary(tokenizer, {"student": get_dotted(init, "student")})
+        check_vocabulary(teacher_tokenizer, {"teacher": get_dotted(init, "teacher")})
     ckpt_path = get_dotted(config, "ckpt_path")
     if ckpt_path is not None and str(ckpt_path) not in CKPT_KEYWORDS and "://" not in str(ckpt_path):
         check_checkpoint(ckpt_path)

@@ -9,7 +9,9 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from mgsr_lightning.cross_tokenizer.alignment import pad_token_id_of
 from mgsr_lightning.data.collate import EncodedExample, InstructionCollator
+from mgsr_lightning.data.paired_tokens import PairedCollator, encode_paired_records
 from mgsr_lightning.data.records import load_records
 from mgsr_lightning.data.teacher_cache import CachedTeacherCollator, TeacherCache
 from mgsr_lightning.data.templates import PromptTemplate, render_prompt
@@ -149,6 +151,10 @@ class InstructionDataModule(L.LightningDataModule):
         teacher_cache: A folder written by ``python -m mgsr_lightning cache-teacher`` for this data: each
             training batch then carries the teacher's cached top-k over its ground-truth responses
             (:mod:`mgsr_lightning.data.teacher_cache`). Refused if made for other rows, template or lengths.
+        teacher_tokenizer: The teacher's own tokenizer (hub id or folder; linked to the model's): when its
+            vocabulary differs from ``tokenizer``'s, each training row is rendered once and tokenised per side,
+            and its batches carry the teacher's tokens and their alignment with the student's
+            (:mod:`mgsr_lightning.data.paired_tokens`); validation and test batches stay the student's.
     """
 
     def __init__(
@@ -171,6 +177,7 @@ class InstructionDataModule(L.LightningDataModule):
         seed: int = 0,
         hf_split: str = "train",
         teacher_cache: str | None = None,
+        teacher_tokenizer: str | None = None,
     ):
         super().__init__()
         if max_prompt_length >= max_length:
@@ -178,6 +185,14 @@ class InstructionDataModule(L.LightningDataModule):
         self.save_hyperparameters()
         self.tokenizer = load_tokenizer(tokenizer)
         self.eos_token_id = token_id(self.tokenizer, eos_token)
+        self.teacher_tokenizer = None  # set only when the teacher's vocabulary differs: training batches are paired
+        if teacher_tokenizer is not None:
+            other = load_tokenizer(teacher_tokenizer)
+            if other.get_vocab() != self.tokenizer.get_vocab():
+                self.teacher_tokenizer = other
+        if self.teacher_tokenizer is not None and (teacher_cache is not None or overlong != "drop"):
+            raise ConfigError("distilling across tokenizers (data.teacher_tokenizer) drops overlong rows and reads no "
+                              "teacher cache yet: set overlong: drop and unset teacher_cache")
         self.datasets: dict[str, EncodedDataset] = {}
         self.length_stats: dict[str, dict[str, int]] = {}
         self._resume_position: dict[str, int] | None = None
@@ -191,10 +206,20 @@ class InstructionDataModule(L.LightningDataModule):
 
     def _encode(self, name: str, records: list[dict[str, Any]]) -> EncodedDataset:
         h = self.hparams
-        examples, stats = encode_records(
-            records, self.tokenizer, template=h.template, eos_token_id=self.eos_token_id,
-            max_length=h.max_length, max_prompt_length=h.max_prompt_length, overlong=h.overlong, name=name,
-        )
+        if name == "train" and self.teacher_tokenizer is not None:
+            examples, stats = encode_paired_records(
+                records, self.tokenizer, self.teacher_tokenizer, template=h.template, max_length=h.max_length,
+                max_prompt_length=h.max_prompt_length, student_eos_id=self.eos_token_id,
+            )
+            dropped = stats["dropped_long_prompt"] + stats["dropped_long_response"]
+            if dropped:
+                log.warning("%s: dropped %d of %d rows too long on the student's or the teacher's side (%s)", name,
+                            dropped, len(records), stats)
+        else:
+            examples, stats = encode_records(
+                records, self.tokenizer, template=h.template, eos_token_id=self.eos_token_id,
+                max_length=h.max_length, max_prompt_length=h.max_prompt_length, overlong=h.overlong, name=name,
+            )
         if not examples:
             raise ConfigError(
                 f"no {name} rows left after the length policy ({stats}); raise max_length/max_prompt_length"
@@ -255,8 +280,12 @@ class InstructionDataModule(L.LightningDataModule):
             sampler._skip = min(self._resume_position["consumed"], sampler.total_size)
             self._resume_position = None
         pad_id = self.tokenizer.pad_token_id
-        collate = InstructionCollator(pad_id) if self.teacher_cache is None else CachedTeacherCollator(
-            pad_id, self.teacher_cache)
+        if self.teacher_tokenizer is not None:
+            collate = PairedCollator(pad_id, pad_token_id_of(self.teacher_tokenizer))
+        elif self.teacher_cache is None:
+            collate = InstructionCollator(pad_id)
+        else:
+            collate = CachedTeacherCollator(pad_id, self.teacher_cache)
         return DataLoader(dataset, batch_size=self.hparams.batch_size, sampler=sampler, collate_fn=collate,
                           num_workers=self.hparams.num_workers)
 

@@ -5,7 +5,8 @@
 - ``sft``: cross-entropy on the ground-truth response (``sft_on: ground_truth``, the default: never
   on the student's own text) or on the training sequences (``training_sequence``: SeqKD);
 - ``distill``: a divergence of :mod:`mgsr_lightning.losses.divergences`, or DAC-KL with its ClipNet,
-  over the training sequences' response tokens;
+  over the training sequences' response tokens; across tokenizers (the teacher's logits over its own
+  tokens), over the aligned token groups instead (:mod:`mgsr_lightning.losses.cross_tokenizer`);
 - ``minillm``: MiniLLM's policy-gradient reverse KL on sampled responses (:mod:`mgsr_lightning.losses.minillm`);
 - ``span``: span-level correlation (:mod:`mgsr_lightning.losses.span_correlation`) inside the spans
   the span prior finds in the training sequences.
@@ -24,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mgsr_lightning.batch import Rollout
+from mgsr_lightning.losses.cross_tokenizer import AlignedGroups, exact_match_loss, uld_loss
 from mgsr_lightning.losses.dac_kl import ClipNet, dac_kl
 from mgsr_lightning.losses.divergences import DIVERGENCES
 from mgsr_lightning.losses.gradient_ratio import gradient_norm_ratio
@@ -54,6 +56,11 @@ class DistillLoss:
         clip_net: DAC-KL only: keyword arguments of :class:`mgsr_lightning.losses.ClipNet`, the
             learnable sub-network that predicts the clipping bounds.
         clip_net_lr: DAC-KL only: learning rate of ClipNet's own optimizer parameter group.
+        cross_tokenizer: Only when the teacher has its own tokenizer with another vocabulary: ``exact_match``
+            (the default: ``name`` with ``params`` between the two sides' probabilities of the token strings
+            both vocabularies hold, the rest as one entry) or ``uld`` (Universal Logit Distillation: the sorted
+            probabilities' L1 distance; ``name`` and ``params`` are not used). Both compare aligned token
+            groups (:mod:`mgsr_lightning.losses.cross_tokenizer`); ``chunk_size`` then counts groups.
     """
 
     name: DistillLossName = "forward_kl"
@@ -63,6 +70,7 @@ class DistillLoss:
     chunk_size: int | None = None
     clip_net: dict[str, Any] = field(default_factory=dict)
     clip_net_lr: float = 1e-3
+    cross_tokenizer: Literal["exact_match", "uld"] = "exact_match"
 
 
 @dataclass
@@ -115,6 +123,8 @@ class Objective:
         clip_net: DAC-KL's ClipNet (``build_clip_net``), owned and optimised by the module.
         span_prior: token ids [B, R] and mask -> span ids [B, R] (:mod:`mgsr_lightning.spans.token_prior`);
             needed when the span term is on.
+        shared_ids: Across tokenizers, the exact-match map ``(student_ids [S], teacher_ids [S])``: entry j of
+            both is the same token string (:func:`mgsr_lightning.cross_tokenizer.shared_vocabulary`).
     """
 
     def __init__(
@@ -130,6 +140,7 @@ class Objective:
         self.sft_weight, self.sft_on, self.distill, self.span = sft_weight, sft_on, distill, span
         self.minillm = minillm
         self.clip_net, self.span_prior = clip_net, span_prior
+        self.shared_ids: tuple[Tensor, Tensor] | None = None
 
     @property
     def weights(self) -> dict[str, float]:
@@ -157,11 +168,15 @@ class Objective:
         ground_truth: Rollout | None = None,
         ground_truth_logits: Tensor | None = None,
         measure_gradients: bool = False,
+        groups: AlignedGroups | None = None,
     ) -> tuple[dict[str, Tensor], dict[str, Any]]:
         """Each named term, unweighted, and the terms' diagnostics.
 
         ``student_logits``/``teacher_logits`` [B, R, V] are over ``sequences``; ``ground_truth_logits``
         the student's over ``ground_truth`` when the SFT term reads it and it differs from ``sequences``.
+        Across tokenizers ``teacher_logits`` [B, Rt, Vt] are over the teacher's own tokens and ``groups``
+        aligns them with the student's; the distillation term compares the groups (the only teacher term
+        that works across tokenizers).
         With ``measure_gradients`` (and both span and distillation terms on), the diagnostics hold
         ``span/grad_ratio``, measured on detached copies of the logits (no effect on training).
         """
@@ -173,7 +188,10 @@ class Objective:
                 terms["sft"] = response_cross_entropy(ground_truth_logits, ground_truth)
             else:
                 terms["sft"] = response_cross_entropy(student_logits, sequences)
-        if self.distill is not None:
+        if self.distill is not None and groups is not None:
+            terms["distill"], distill_diagnostics = self._distill_across(student_logits, teacher_logits, groups)
+            diagnostics |= distill_diagnostics
+        elif self.distill is not None:
             terms["distill"], distill_diagnostics = self._distill(student_logits, teacher_logits, mask)
             diagnostics |= distill_diagnostics
         if self.minillm is not None:
@@ -202,6 +220,19 @@ class Objective:
             )
             return loss, {f"dac_kl/{k}": v for k, v in dac_kl_diagnostics.items()}
         return DIVERGENCES[d.name](student_logits, teacher_logits, mask, **common, **d.params), {}
+
+    def _distill_across(self, student_logits: Tensor, teacher_logits: Tensor,
+                        groups: AlignedGroups) -> tuple[Tensor, dict[str, Any]]:
+        d = self.distill
+        common = dict(temperature=d.temperature, chunk_size=d.chunk_size)
+        if d.cross_tokenizer == "uld":
+            return uld_loss(student_logits, teacher_logits, groups, **common), {}
+        if self.shared_ids is None:
+            raise RuntimeError("exact_match across tokenizers needs the shared vocabulary (Objective.shared_ids)")
+        student_ids, teacher_ids = (ids.to(student_logits.device) for ids in self.shared_ids)
+        loss, diagnostics = exact_match_loss(student_logits, teacher_logits, groups, student_ids, teacher_ids,
+                                             divergence=d.name, params=d.params, clip_net=self.clip_net, **common)
+        return loss, {f"dac_kl/{k}": v for k, v in diagnostics.items()}
 
     def _span(self, student_logits: Tensor, teacher_logits: Tensor, mask: Tensor, spans: Tensor) -> Tensor:
         return span_correlation_loss(student_logits, teacher_logits, mask, spans=spans, relation=self.span.relation,

@@ -233,7 +233,9 @@ def check_vocabularies(
                 raise VocabularyMismatchError(
                     f"the {name_a} and {name_b} tokenizers differ ({len(vocab_a)} vs {len(vocab_b)} tokens, "
                     f"{len(differing)} (token, id) pairs not shared, e.g. {examples}). Token-level distillation "
-                    "compares distributions id by id, so both models must use the same vocabulary."
+                    "compares distributions id by id, so both models must use the same vocabulary; to distil "
+                    "across tokenizers, give the teacher its own tokenizer with `data.teacher_tokenizer` "
+                    "(linked to the model's `teacher_tokenizer`; docs/cross_tokenizer.md)."
                 )
     return tokenizer_size
 
