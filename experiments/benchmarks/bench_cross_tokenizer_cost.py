@@ -35,10 +35,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import time
 
 import torch
+from side_by_side import side_by_side  # the folder of these scripts (see side_by_side.py)
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
@@ -106,23 +106,6 @@ def tiny_gpt2(tokenizer, layers: int, width: int, positions: int) -> GPT2LMHeadM
     config = GPT2Config(vocab_size=len(tokenizer), n_layer=layers, n_embd=width, n_head=4, n_positions=positions,
                         bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id)
     return GPT2LMHeadModel(config)
-
-
-def side_by_side(steps: dict, repeats: int, device: torch.device) -> dict[str, float]:
-    """Median seconds of each step, timed one repeat of each in turn after one warm-up of each."""
-    for step in steps.values():
-        step()
-    times = {name: [] for name in steps}
-    for _ in range(repeats):
-        for name, step in steps.items():
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-            step()
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def main(argv=None) -> None:

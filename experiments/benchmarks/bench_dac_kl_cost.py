@@ -20,10 +20,9 @@ torch.profiler's top operators of that loss (``--no-profile`` skips it).
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
+from side_by_side import side_by_side  # the folder of these scripts (see side_by_side.py)
 
 from mgsr_lightning.losses import ClipNet, dac_kl, forward_kl
 from mgsr_lightning.losses.dac_kl_band import sort_teacher
@@ -56,23 +55,6 @@ def _sort_rows(student: torch.Tensor, teacher: torch.Tensor, chunk_size: int | N
         rows = slice(start, start + chunk)
         sort_teacher(student_rows[rows], teacher_rows[rows], 1.0, band="mass", summary_k=None)
     return teacher.new_zeros((), dtype=torch.float32, requires_grad=True)
-
-
-def side_by_side(steps: dict, repeats: int, device: torch.device) -> dict[str, float]:
-    """Median seconds of each step, timed one repeat of each in turn after one warm-up of each."""
-    for step in steps.values():
-        step()
-    times = {name: [] for name in steps}
-    for _ in range(repeats):
-        for name, step in steps.items():
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-            step()
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def main(argv=None) -> None:

@@ -11,6 +11,7 @@ import contextlib
 import os
 import sys
 from argparse import ArgumentError
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -84,9 +85,9 @@ def _config_files(argv: list[str]) -> list[Path]:
     return files
 
 
-def _unknown_config_keys(files: list[Path], known: set[str]) -> list[str]:
-    """Top-level keys of the (composed) config files that the parser does not know."""
-    unknown = []
+def _readable_configs(files: list[Path]) -> Iterator[tuple[Path, Any]]:
+    """(path, composed contents) of each config file that reads (composed from its own folder, as jsonargparse
+    reads it); a file that does not read is left to the parser, which reports it."""
     for path in files:
         cwd = os.getcwd()
         try:
@@ -96,6 +97,13 @@ def _unknown_config_keys(files: list[Path], known: set[str]) -> list[str]:
             continue
         finally:
             os.chdir(cwd)
+        yield path, data
+
+
+def _unknown_config_keys(files: list[Path], known: set[str]) -> list[str]:
+    """Top-level keys of the (composed) config files that the parser does not know."""
+    unknown = []
+    for path, data in _readable_configs(files):
         unknown += [key for key in (data or {}) if key not in known and key not in unknown]
     return unknown
 
@@ -107,15 +115,7 @@ OPTION_GROUPS = ("trainer", "data")
 def _config_shape_problem(files: list[Path]) -> str | None:
     """What is wrong with the shape of a config file that is not a mapping of options (an empty file, a list), or
     that gives a group of options (``trainer``, ``data``) one value; None when every file is a mapping."""
-    for path in files:
-        cwd = os.getcwd()
-        try:
-            os.chdir(path.resolve().parent)
-            data = load_config_text(path.read_text())
-        except (OSError, yaml.YAMLError, ValueError):
-            continue
-        finally:
-            os.chdir(cwd)
+    for path, data in _readable_configs(files):
         if not isinstance(data, dict):
             what = "it is empty" if data is None else f"it holds a {type(data).__name__}"
             return f"{path}: a config file is a mapping of options (trainer:, model:, data:, ...); {what}"
