@@ -73,9 +73,9 @@ def cli_overrides(assets, family: str = "gpt2", run_dir=None, with_teacher: bool
         "--trainer.enable_progress_bar=false",
         "--trainer.log_every_n_steps=1",
         # the configs' two checkpoints (best by validation ROUGE-L; latest, for resuming) at this scale
-        '--trainer.callbacks=[{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": '
+        '--trainer.callbacks=[{"class_path": "mgsr_lightning.training.resume.CheckpointAfterValidation", "init_args": '
         '{"monitor": "val/rougeL", "mode": "max", "save_top_k": 1, "filename": "best-{step}"}}, '
-        '{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": '
+        '{"class_path": "mgsr_lightning.training.resume.CheckpointAfterValidation", "init_args": '
         '{"every_n_train_steps": 2, "save_top_k": 1, "save_last": true, "filename": "latest-{step}"}}]',
     ]
     if run_dir is not None:

@@ -6,15 +6,17 @@ sequences, and dropout and any draw from the global RNG continue as in an uninte
 rank. The RNG states are restored when training starts rather than at load time, so that set-up
 between the two does not draw from the restored streams.
 
-It also makes every plain ``ModelCheckpoint`` of the run a ``CheckpointAfterValidation``: a
-step-interval checkpoint whose step is followed by validation is written after that validation,
-so that a run resumed from it neither skips nor repeats it (see that class).
+``CheckpointAfterValidation``, the ``ModelCheckpoint`` every config names, writes a step-interval
+checkpoint whose step is followed by validation after that validation, so that a run resumed from it
+neither skips nor repeats it (see that class). ``ResumeState`` warns when a run has a plain
+``ModelCheckpoint`` with ``every_n_train_steps`` instead.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,10 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from mgsr_lightning.distributed import gather_per_rank
+
+
+class StepCheckpointBeforeValidationWarning(UserWarning):
+    """A plain ``ModelCheckpoint`` writes step checkpoints that a resumed run cannot continue exactly."""
 
 
 class ResumeState(L.Callback):
@@ -34,9 +40,14 @@ class ResumeState(L.Callback):
     def setup(self, trainer, pl_module, stage: str) -> None:
         if stage != "fit":
             return
-        for callback in trainer.checkpoint_callbacks:
-            if type(callback) is ModelCheckpoint:  # subclasses keep their own behaviour
-                callback.__class__ = CheckpointAfterValidation
+        plain = [callback for callback in trainer.checkpoint_callbacks
+                 if type(callback) is ModelCheckpoint and callback._every_n_train_steps]
+        if plain:
+            warnings.warn(
+                "a plain ModelCheckpoint with every_n_train_steps writes a step's checkpoint before that step's "
+                "validation, so a run resumed from it skips the validation (the regime's threshold, the best "
+                f"checkpoint): use {CheckpointAfterValidation.__module__}.CheckpointAfterValidation, as the "
+                "configs do", StepCheckpointBeforeValidationWarning, stacklevel=2)
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
         if pl_module.regime is not None:

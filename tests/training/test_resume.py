@@ -16,9 +16,9 @@ from mgsr_lightning.training.resume import CheckpointAfterValidation
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny" / "mgsr.yaml"
 # validation at steps 2 and 4, a latest-state checkpoint after every step
-CALLBACKS = ('[{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": '
+CALLBACKS = ('[{"class_path": "mgsr_lightning.training.resume.CheckpointAfterValidation", "init_args": '
              '{"monitor": "val/rougeL", "mode": "max", "save_top_k": 1, "filename": "best-{step}"}}, '
-             '{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": '
+             '{"class_path": "mgsr_lightning.training.resume.CheckpointAfterValidation", "init_args": '
              '{"every_n_train_steps": 1, "save_top_k": 1, "save_last": true, "filename": "latest-{step}"}}]')
 STEPS = ["--trainer.val_check_interval=2", "--model.init_args.regime.init_threshold=0.6",
          f"--trainer.callbacks={CALLBACKS}"]
@@ -99,3 +99,16 @@ def test_resume_after_a_validation_step_checkpoint_matches_an_uninterrupted_run(
     assert_same(best[0]["state_dict"], best[1]["state_dict"], "best")
     exported = [load_file(d / "hf" / "model.safetensors") for d in (straight_dir, run_dir)]
     assert_same(exported[0], exported[1], "exported student")
+
+
+def test_a_plain_step_checkpoint_is_warned_of_and_left_as_it_is(tmp_path):
+    from types import SimpleNamespace
+
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from mgsr_lightning.training.resume import ResumeState, StepCheckpointBeforeValidationWarning
+
+    plain, after = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1), CheckpointAfterValidation(dirpath=tmp_path)
+    with pytest.warns(StepCheckpointBeforeValidationWarning, match="CheckpointAfterValidation"):
+        ResumeState().setup(SimpleNamespace(checkpoint_callbacks=[plain, after]), None, "fit")
+    assert type(plain) is ModelCheckpoint  # the class a user gives is the class that runs
