@@ -97,12 +97,17 @@ def check_inputs(
             f"mask must be a bool tensor of shape {tuple(student_logits.shape[:2])}, "
             f"got {mask.dtype} {tuple(mask.shape)}"
         )
+    check_options(temperature, reduction, chunk_size, "positions")
+
+
+def check_options(temperature: float, reduction: str, chunk_size: int | None, chunked: str) -> None:
+    """Raise ``ValueError`` for a loss option out of range; ``chunked`` names what a chunk counts."""
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
     if chunk_size is not None and chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive number of positions or None, got {chunk_size}")
+        raise ValueError(f"chunk_size must be a positive number of {chunked} or None, got {chunk_size}")
 
 
 def compared_positions(mask: Tensor | None, shape: torch.Size, device: torch.device) -> Tensor:

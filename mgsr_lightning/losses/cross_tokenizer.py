@@ -63,7 +63,7 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from mgsr_lightning.losses._common import REDUCTIONS, log_softmax
+from mgsr_lightning.losses._common import check_options, log_softmax
 from mgsr_lightning.losses.dac_kl import DIAGNOSTICS as DAC_KL_DIAGNOSTICS
 from mgsr_lightning.losses.dac_kl import ClipNet, dac_kl
 from mgsr_lightning.losses.divergences import DIVERGENCES
@@ -273,12 +273,7 @@ def _check(student_logits: Tensor, teacher_logits: Tensor, groups: AlignedGroups
         raise ValueError("student, teacher and group_mask must have the same batch size")
     if groups.group_mask.dtype != torch.bool:
         raise ValueError(f"group_mask must be bool, got {groups.group_mask.dtype}")
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
-    if chunk_size is not None and chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive number of groups or None, got {chunk_size}")
+    check_options(temperature, reduction, chunk_size, "groups")
     return groups.group_mask.reshape(-1).nonzero().squeeze(1)
 
 
