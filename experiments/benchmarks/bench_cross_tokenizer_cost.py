@@ -39,7 +39,7 @@ import time
 
 import torch
 from side_by_side import side_by_side  # the folder of these scripts (see side_by_side.py)
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
 from mgsr_lightning.cross_tokenizer import align_texts, align_tokens, shared_vocabulary, tokenize_with_spans
@@ -47,6 +47,7 @@ from mgsr_lightning.data.tasks.knowledge import FAMILIES
 from mgsr_lightning.data.tasks.tiny import generate_splits
 from mgsr_lightning.data.templates import render_prompt
 from mgsr_lightning.losses.cross_tokenizer import exact_match_loss, uld_loss
+from mgsr_lightning.models.tokenizer import train_bpe_tokenizer
 
 TARGET = 0.10
 
@@ -66,17 +67,6 @@ def facts_texts(rows: int) -> list[str]:
     """Prompt (alpaca template) + answer of ``rows`` facts training rows, as text."""
     examples = generate_splits({"train": rows}, 0, FAMILIES)["train"]
     return [render_prompt(example, "alpaca") + example["output"] for example in examples]
-
-
-def byte_level_bpe(texts: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|pad|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tokenizer.train_from_iterator(texts, trainer=trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>", pad_token="<|pad|>")
 
 
 def sentencepiece_bpe(texts: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
@@ -113,7 +103,7 @@ def main(argv=None) -> None:
     device = torch.device(args.device)
     torch.manual_seed(0)
     corpus = facts_texts(args.rows)
-    student_tokenizer = byte_level_bpe(corpus, args.vocab)
+    student_tokenizer = train_bpe_tokenizer(corpus, args.vocab)  # the project's own, as prepare trains it
     teacher_tokenizer = sentencepiece_bpe(corpus, args.vocab)
     texts = pack(corpus, student_tokenizer, args.batch, args.tokens)
 

@@ -8,6 +8,8 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
+from mgsr_lightning.models.tokenizer import train_bpe_tokenizer
+
 CORPUS = [
     "Hello world, the capital of France is Paris.",
     "The answer is 42. Das Café kostet 5 euros heute.",
@@ -17,15 +19,8 @@ CORPUS = [
 
 
 def byte_level_bpe(vocab_size: int) -> PreTrainedTokenizerFast:
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|pad|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tokenizer.train_from_iterator(CORPUS, trainer=trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<|endoftext|>",
-                                   eos_token="<|endoftext|>", pad_token="<|pad|>")
+    """GPT-2-style, the project's own (``prepare``'s) tokenizer trainer."""
+    return train_bpe_tokenizer(CORPUS, vocab_size)
 
 
 def sentencepiece_bpe(vocab_size: int = 400) -> PreTrainedTokenizerFast:
