@@ -29,13 +29,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import subprocess
 import sys
 import time
 
-from proc_memory import reset_peak_rss, status_kib  # the folder of these scripts (see proc_memory.py)
+from proc_memory import (  # the folder of these scripts (see proc_memory.py)
+    measured_in_child,
+    reset_peak_rss,
+    status_kib,
+)
 
 # dac_kl_taped: DAC-KL with plain autograd instead of the "rest" variant's written-out backward
 LOSSES = ("forward_kl", "dac_kl", "dac_kl_taped", "span_correlation")
@@ -100,13 +102,7 @@ def measure(args: argparse.Namespace, loss_name: str, path: str) -> dict:
 
 def run_child(argv: list[str], loss_name: str, path: str, tokens: int) -> dict:
     """``measure`` in a fresh subprocess (with glibc's mmap threshold pinned, see the docstring)."""
-    command = [sys.executable, __file__, *argv, "--tokens", str(tokens), "--child", loss_name, path]
-    child = subprocess.run(command, capture_output=True, text=True,
-                           env={**os.environ, "MALLOC_MMAP_THRESHOLD_": str(2**20)})
-    if child.returncode != 0:
-        raise RuntimeError(child.stderr.strip().splitlines()[-1] if child.stderr.strip()
-                           else f"exit code {child.returncode}")
-    return json.loads(child.stdout.strip().splitlines()[-1])
+    return measured_in_child(__file__, [*argv, "--tokens", str(tokens), "--child", loss_name, path])
 
 
 def available_bytes() -> int:

@@ -44,15 +44,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from proc_memory import reset_peak_rss, status_kib  # the folder of these scripts (see proc_memory.py)
+from proc_memory import (  # the folder of these scripts (see proc_memory.py)
+    measured_in_child,
+    reset_peak_rss,
+    status_kib,
+)
 
 LOSSES = ("kd", "mgsr")
 PATHS = ("unfused", "fused")
@@ -156,13 +158,7 @@ def measure(args: argparse.Namespace, loss_name: str, dtype_name: str, vocab: in
 
 def run_child(argv: list[str], cell: tuple) -> dict:
     """``measure`` in a fresh subprocess (mmap threshold pinned, see the docstring)."""
-    command = [sys.executable, __file__, *argv, "--child", *map(str, cell)]
-    child = subprocess.run(command, capture_output=True, text=True,
-                           env={**os.environ, "MALLOC_MMAP_THRESHOLD_": str(2**20)})
-    if child.returncode != 0:
-        raise RuntimeError(child.stderr.strip().splitlines()[-1] if child.stderr.strip()
-                           else f"exit code {child.returncode}")
-    return json.loads(child.stdout.strip().splitlines()[-1])
+    return measured_in_child(__file__, [*argv, "--child", *map(str, cell)])
 
 
 def _run_or_none(argv: list[str], cell: tuple) -> dict | None:
