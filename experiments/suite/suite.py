@@ -232,10 +232,11 @@ def plot_screening(rows: list[dict], families: list[str], out: Path) -> None:
 
 
 def mean_se(values: list[float]) -> tuple[float, float]:
-    mean = sum(values) / len(values)
-    if len(values) < 2:
-        return mean, math.nan
-    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1) / len(values))
+    """Mean and standard error over training seeds; the error is nan for one seed."""
+    from mgsr_lightning.evaluation.report import mean_and_standard_error
+
+    mean, error = mean_and_standard_error(values)
+    return mean, math.nan if error is None else error
 
 
 def test_scores(family: str, name: str) -> dict[int, float]:

@@ -61,7 +61,7 @@ def _copy(source: Path, target: Path) -> None:
         shutil.copyfile(source, temporary)
 
 
-def _step_overrides(config: dict[str, Any], steps: int | None) -> list[str]:
+def step_overrides(config: dict[str, Any], steps: int | None) -> list[str]:
     if steps is None:
         return []
     interval = config["trainer"].get("val_check_interval") or steps
@@ -70,7 +70,7 @@ def _step_overrides(config: dict[str, Any], steps: int | None) -> list[str]:
 
 def _train_teacher(pair: str, root: Path, steps: int | None, teacher_config: dict[str, Any]) -> dict[str, Any]:
     """SFT of ``configs/<pair>/teacher.yaml`` on the root's data; returns what was trained."""
-    return _sft(pair, "teacher", root, _step_overrides(teacher_config, steps))
+    return _sft(pair, "teacher", root, step_overrides(teacher_config, steps))
 
 
 INIT_STUDENT_CONFIG = "init_student.yaml"
@@ -84,7 +84,7 @@ def init_config_name(pair: str) -> str:
 def _train_init_student(pair: str, root: Path, steps: int | None) -> dict[str, Any]:
     """SFT of the pair's student (:func:`init_config_name`) into ``root/init``, logged under ``root/runs/init``."""
     name = init_config_name(pair)
-    overrides = [*_step_overrides(composed_config(pair, name), steps),
+    overrides = [*step_overrides(composed_config(pair, name), steps),
                  f"--trainer.default_root_dir={root / 'runs' / 'init'}",
                  f"--trainer.logger.init_args.save_dir={root / 'runs'}", "--trainer.logger.init_args.name=init",
                  f"--model.init_args.export_dir={root / 'init'}"]

@@ -16,7 +16,6 @@ not scored again.
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -30,12 +29,13 @@ from typing import Any
 from mgsr_lightning import atomic
 from mgsr_lightning.cli.validation import at_least
 from mgsr_lightning.errors import ConfigError, MissingFileError
+from mgsr_lightning.evaluation.report import mean_and_standard_error
 from mgsr_lightning.missing import ROOT_ENVS
 from mgsr_lightning.pipeline.manifest import MANIFEST_NAME, Manifest
+from mgsr_lightning.pipeline.own_data import INIT_STUDENT_CONFIG, step_overrides
 from mgsr_lightning.pipeline.paths import CONFIGS, composed_config
 
 DEFAULT_METHODS = ("sft", "kd", "distillm", "abkd", "mgsr", "mgsr_paper")
-INIT_STUDENT_CONFIG = "init_student.yaml"
 SELECTION = "selection.json"
 NOISE_SE = 2.0  # a winner less than this many standard errors above SFT is within the validation noise
 
@@ -67,19 +67,13 @@ def total_steps(pair: str, method: str, max_steps: int | None) -> int:
     return max_steps or int(composed_config(pair, method)["trainer"]["max_steps"])
 
 
-def step_overrides(pair: str, method: str, max_steps: int | None) -> list[str]:
-    if max_steps is None:
-        return []
-    interval = composed_config(pair, method)["trainer"].get("val_check_interval") or max_steps
-    return [f"--trainer.max_steps={max_steps}", f"--trainer.val_check_interval={min(int(interval), max_steps)}"]
-
-
 def train_method(root: str, pair: str, method: str, seed: int, max_steps: int | None, fit_args: list[str]) -> None:
     """Train one method into ``<root>/select/<method>`` (in this process; resumes, or finds it trained)."""
     from mgsr_lightning.pipeline import steps
 
     folder = Path(root)
-    overrides = ("--config", str(folder / INIT_STUDENT_CONFIG), *step_overrides(pair, method, max_steps), *fit_args)
+    steps_given = step_overrides(composed_config(pair, method), max_steps)
+    overrides = ("--config", str(folder / INIT_STUDENT_CONFIG), *steps_given, *fit_args)
     steps.fit(pair, method, folder / "select" / method, seed, {ROOT_ENVS[pair]: str(folder)}, overrides)
 
 
@@ -192,10 +186,8 @@ def row_scores(eval_dir: Path) -> dict[int, float]:
 def paired_gain(winner: dict[int, float], reference: dict[int, float]) -> tuple[float, float]:
     """Mean and standard error of the per-row difference ``winner - reference`` over their shared rows."""
     rows = sorted(set(winner) & set(reference))
-    differences = [winner[i] - reference[i] for i in rows]
-    mean = sum(differences) / len(differences)
-    variance = sum((d - mean) ** 2 for d in differences) / max(1, len(differences) - 1)
-    return mean, math.sqrt(variance / len(differences))
+    mean, error = mean_and_standard_error([winner[i] - reference[i] for i in rows])
+    return mean, 0.0 if error is None else error  # one shared row: no spread to measure
 
 
 def select(
