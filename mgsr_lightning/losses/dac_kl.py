@@ -56,6 +56,7 @@ What each path costs against forward KL is measured by ``experiments/benchmarks/
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
@@ -223,6 +224,9 @@ def dac_kl(
         raise ValueError(f"fixed_bounds must satisfy 0 <= lower < upper <= 1, got {fixed_bounds}")
     if base not in DIVERGENCES:
         raise ValueError(f"base must be one of {', '.join(DIVERGENCES)}, got {base!r}")
+    if base_params is not None and not isinstance(base_params, Mapping):
+        raise ValueError(f"base_params must be a mapping of the base's parameters (e.g. {{alpha: 0.2, beta: 0.7}}) "
+                         f"or left out, got {base_params!r}")
     base_params = dict(base_params or {})
     base_terms = DIVERGENCES[base].terms
     check_terms_params(base_terms, base_params)

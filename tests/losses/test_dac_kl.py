@@ -490,6 +490,8 @@ def test_bad_configurations_raise(make_case):
         dac_kl(student, teacher, mask, mode="fixed", band="value")
     with pytest.raises(ValueError, match="variant"):
         dac_kl(student, teacher, mask, mode="fixed", variant="normalized")
+    with pytest.raises(ValueError, match="base_params must be a mapping.*got 'None'"):  # a command-line null
+        dac_kl(student, teacher, mask, mode="fixed", base="alpha_beta", base_params="None")
     with pytest.raises(ValueError, match="init_bounds"):
         ClipNet(init_bounds=(0.02, 0.55))
 
