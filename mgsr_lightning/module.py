@@ -38,12 +38,15 @@ from mgsr_lightning.cross_tokenizer.vocabulary_map import SharedVocabulary, shar
 from mgsr_lightning.errors import ConfigError
 from mgsr_lightning.generation.decode import Decoding, decode_responses, sample
 from mgsr_lightning.generation.sampling import DecodingConfig, SamplingConfig
-from mgsr_lightning.generation.scoring import response_logits
+from mgsr_lightning.generation.scoring import response_hidden_states, response_logits
 from mgsr_lightning.losses.cross_tokenizer import AlignedGroups
+from mgsr_lightning.losses.fused_head import CachedTeacher, LogitsTeacher, Teacher, TeacherHead
+from mgsr_lightning.losses.fused_objective import fused_objective, fused_objective_refusal
 from mgsr_lightning.losses.minillm import MiniLLMConfig
 from mgsr_lightning.losses.objective import DistillLoss, Objective, SpanLoss, build_clip_net, response_cross_entropy
 from mgsr_lightning.losses.sparse_teacher import densify
 from mgsr_lightning.models.loading import ModelSource, check_pair_vocabularies, check_vocabularies, load_causal_lm
+from mgsr_lightning.models.output_head import linear_output_head
 from mgsr_lightning.models.tokenizer import load_tokenizer, token_id, tokenizer_of
 from mgsr_lightning.scrg.revise import ScrgConfig
 from mgsr_lightning.scrg.through_text import TEACHER_ONLY_CRITERIA, revise_through_text
@@ -108,6 +111,12 @@ class DistillLightningModule(L.LightningModule):
             when its vocabulary differs from ``tokenizer``'s, the teacher reads its own tokens of the same
             text and ``distill`` compares aligned token groups (``distill.cross_tokenizer``; see
             ``docs/cross_tokenizer.md``). None (the default): the teacher shares the student's vocabulary.
+        fused_head: Compute the loss terms from the student's (and a live teacher's) last hidden states and
+            output head chunk by chunk (:mod:`.losses.fused_head`), never holding whole [B, R, V] logits: the
+            default, wherever it applies (not MiniLLM, not across tokenizers, not under FSDP, not a subclass
+            that overrides :meth:`logits`, not a head that is more than a linear map; the step then computes
+            the logits whole, as with ``false``). Equal to the unfused path to float rounding.
+        fused_chunk_size: Positions per chunk of the fused head: each chunk holds O(chunk · V) memory.
     """
 
     def __init__(
@@ -133,6 +142,8 @@ class DistillLightningModule(L.LightningModule):
         seed: int = 0,
         teacher_cache: str | None = None,
         teacher_tokenizer: str | None = None,
+        fused_head: bool = True,
+        fused_chunk_size: int = 256,
     ):
         super().__init__()
         show_category_names()  # Lightning's formatter drops the category of warnings from files named *lightning*
@@ -159,6 +170,9 @@ class DistillLightningModule(L.LightningModule):
         self.sampling, self.optimizer_config, self.validation_config = sampling, optimizer, validation
         self.export_dir, self.export_weights = export_dir, export_weights
         self.seed = seed
+        if fused_chunk_size < 1:
+            raise ValueError(f"fused_chunk_size must be a positive number of positions, got {fused_chunk_size}")
+        self.fused_head, self.fused_chunk_size = fused_head, fused_chunk_size
         self.clip_net = build_clip_net(distill)
         self.objective.clip_net = self.clip_net
         # built by configure_model (the Trainer calls it once, sharded under FSDP) or on checkpoint load
@@ -392,6 +406,50 @@ class DistillLightningModule(L.LightningModule):
         """[B, R, V] logits predicting each response token, cut to the shared vocabulary."""
         return response_logits(model, sequences, self.vocab_size)
 
+    def fused_head_refusal(self) -> str | None:
+        """Why this run's steps compute whole logits instead of the fused head, or None when they fuse."""
+        if not self.fused_head:
+            return "fused_head is false"
+        if type(self).logits is not DistillLightningModule.logits:
+            return f"{type(self).__name__} overrides logits()"
+        if self._trainer is not None and "FSDP" in type(self.trainer.strategy).__name__:
+            return "FSDP shards the output head"
+        refusal = fused_objective_refusal(self.objective)
+        if refusal is None:
+            head = linear_output_head(self.student)
+            refusal = f"the student: {head}" if isinstance(head, str) else None
+        return refusal
+
+    def fused_teacher(self, batch: dict[str, Any], step: TrainingSequences) -> Teacher | None:
+        """The teacher's side of a fused step (as :meth:`step_teacher_logits` picks it): the logits the rollout
+        computed, the teacher cache's entries on a ground-truth step, else the live teacher's hidden states and
+        head (its whole logits when its head is more than a linear map)."""
+        if not self.objective.uses_teacher:
+            return None
+        if step.teacher_logits is not None:
+            return LogitsTeacher(step.teacher_logits)
+        if step.source == "ground_truth" and TEACHER_CACHE_KEYS[0] in batch:
+            return CachedTeacher(*(batch[key] for key in TEACHER_CACHE_KEYS))
+        head = linear_output_head(self.teacher)
+        if isinstance(head, str):
+            return LogitsTeacher(self.teacher_logits(step.sequences))
+        with torch.no_grad():
+            return TeacherHead(response_hidden_states(self.teacher, step.sequences), *head)
+
+    def fused_step_loss(self, batch: dict[str, Any], step: TrainingSequences, ground_truth: Rollout,
+                        measure: bool) -> tuple[Tensor, dict[str, Any]]:
+        """The objective's loss and metrics through the fused head (:func:`.losses.fused_objective.fused_objective`)."""
+        sequences = step.sequences
+        weight, bias = linear_output_head(self.student)
+        ground_truth_hidden = None
+        if self.objective.sft_on_ground_truth and sequences is not ground_truth:
+            ground_truth_hidden = response_hidden_states(self.student, ground_truth)
+        return fused_objective(
+            self.objective, sequences, response_hidden_states(self.student, sequences), weight,
+            self.fused_teacher(batch, step), student_bias=bias, vocab_size=self.vocab_size, ground_truth=ground_truth,
+            ground_truth_hidden=ground_truth_hidden, measure_gradients=measure, chunk_size=self.fused_chunk_size,
+        )
+
     def student_outputs(self, ground_truth: Rollout, batch: dict[str, Any] | None = None) -> TrainingSequences:
         """Fresh responses to the prompts (:func:`~mgsr_lightning.training.rollout.fresh_outputs`): the student's,
         SCRG-revised when it is on, or MiniLLM's teacher-mixed ones. Across tokenizers SCRG runs through text
@@ -435,6 +493,10 @@ class DistillLightningModule(L.LightningModule):
             batch, ground_truth, lambda: self.student_outputs(ground_truth, batch), self.progress
         )
         sequences = step.sequences
+        measure = self.span.grad_ratio_every > 0 and self.global_step % self.span.grad_ratio_every == 0
+        if self.fused_head_refusal() is None:  # 2-3. the loss terms from hidden states, chunk by chunk
+            loss, metrics = self.fused_step_loss(batch, step, ground_truth, measure)
+            return self._log_step(loss, metrics, step, ground_truth)
         # 2. logits: the student's over the sequences (and over the ground truth for its SFT term), the teacher's
         student_logits = self.logits(self.student, sequences)
         ground_truth_logits = None
@@ -446,13 +508,16 @@ class DistillLightningModule(L.LightningModule):
         else:
             teacher_logits = self.step_teacher_logits(batch, step)
         # 3. the loss terms and their weighted sum
-        measure = self.span.grad_ratio_every > 0 and self.global_step % self.span.grad_ratio_every == 0
         loss, metrics = self.objective(
             sequences, student_logits, teacher_logits, ground_truth, ground_truth_logits, measure, groups=groups
         )
-        # 4. one log of the step
+        return self._log_step(loss, metrics, step, ground_truth)
+
+    def _log_step(self, loss: Tensor, metrics: dict[str, Any], step: TrainingSequences,
+                  ground_truth: Rollout) -> Tensor:
+        """4. one log of the step."""
         self.log("train/loss", loss, prog_bar=True, batch_size=ground_truth.batch_size)
-        metrics |= self.regime.step_metrics(step) | {"train/tokens_compared": sequences.response_mask.sum()}
+        metrics |= self.regime.step_metrics(step) | {"train/tokens_compared": step.sequences.response_mask.sum()}
         self.log_dict(_as_floats(metrics), on_step=True, on_epoch=False)
         return loss
 

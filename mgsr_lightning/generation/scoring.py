@@ -1,7 +1,8 @@
 """Scoring forwards: a causal LM over a rollout, its logits aligned with the response tokens.
 
 ``response_logits`` runs a model over a rollout and returns the logits aligned with the response
-tokens, which is what every loss and SCRG's scoring compare; ``response_logits_and_cache`` also keeps the
+tokens, which is what every loss and SCRG's scoring compare (``response_hidden_states``: the hidden states
+they are computed from, for the fused head); ``response_logits_and_cache`` also keeps the
 forward's KV cache, from which ``response_logits_from_prefix`` scores a revised rollout without re-encoding
 the columns it shares with the earlier one.
 """
@@ -23,6 +24,17 @@ def response_logits(model: nn.Module, rollout: Rollout, vocab_size: int | None =
     never costs a [P, V] block, and the vocabulary is cut to ``vocab_size`` (padded embedding rows).
     """
     return _response_forward(model, rollout, vocab_size, use_cache=False)[0]
+
+
+def response_hidden_states(model: nn.Module, rollout: Rollout) -> Tensor:
+    """[B, R, H] the last hidden states of ``model`` over ``rollout`` (after its final norm), where [:, r] is
+    what ``response_logits``'s [:, r] is computed from: the output head applied to them gives those logits
+    (``models.output_head``). The forward keeps the logits of one position only (``logits_to_keep=1``)."""
+    if rollout.prompt_ids.size(1) == 0:
+        raise ValueError("a rollout needs at least one prompt token per row to predict its response")
+    prompt_width, response_width = rollout.prompt_ids.size(1), rollout.response_ids.size(1)
+    outputs = model(**rollout.model_inputs(), use_cache=False, output_hidden_states=True, logits_to_keep=1)
+    return outputs.hidden_states[-1][:, prompt_width - 1 : prompt_width - 1 + response_width]
 
 
 def response_logits_and_cache(

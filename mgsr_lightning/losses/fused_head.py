@@ -93,7 +93,20 @@ class CachedTeacher:
                        self.rest_logprob.reshape(-1)[positions], vocab_size)
 
 
-Teacher = TeacherHead | CachedTeacher
+@dataclass(frozen=True)
+class LogitsTeacher:
+    """Teacher logits [B, T, V_t] some earlier step already holds (SCRG's scoring of its revised rollout):
+    nothing to fuse on the teacher's side, the student's still is."""
+
+    whole: Tensor
+
+    @torch.no_grad()
+    def logits(self, positions: Tensor, vocab_size: int) -> Tensor:
+        """[n, V] the logits at the flat ``positions`` [n], cut to the shared vocabulary."""
+        return self.whole.reshape(-1, self.whole.size(-1))[positions, :vocab_size]
+
+
+Teacher = TeacherHead | CachedTeacher | LogitsTeacher
 
 
 def fused_head_loss(
@@ -105,6 +118,7 @@ def fused_head_loss(
     student_bias: Tensor | None = None,
     vocab_size: int | None = None,
     chunk_size: int = 128,
+    gradient_ratio: tuple[str, str] | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """``Σ weight · term`` over the batch, never holding a whole [B, T, V] tensor (module docstring).
 
@@ -116,6 +130,9 @@ def fused_head_loss(
         teacher: ``TeacherHead`` or ``CachedTeacher``; None when no term reads the teacher.
         vocab_size: V, the shared vocabulary (the head's first V rows); None: all V' rows.
         chunk_size: positions per chunk (each chunk holds O(chunk_size · V) memory).
+        gradient_ratio: ``(a, b)``, two term names: also measure ``‖∂a/∂logits‖₂ / ‖∂b/∂logits‖₂`` over the
+            whole [B, T, V] logits (``gradient_norm_ratio``'s value and conventions), as ``values["a/b
+            gradient ratio"]``; each chunk then differentiates the two terms once more.
 
     Returns:
         ``(loss, values)``: loss [] with gradients to ``student_hidden``, ``student_head``,
@@ -133,10 +150,13 @@ def fused_head_loss(
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive number of positions, got {chunk_size}")
     if teacher is None and any(term.needs_teacher for _, term in terms.values()):
-        raise ValueError("a term reads the teacher: pass teacher=TeacherHead(...) or CachedTeacher(...)")
+        raise ValueError("a term reads the teacher: pass teacher=TeacherHead(...), CachedTeacher(...) or "
+                         "LogitsTeacher(...)")
+    if gradient_ratio is not None and not set(gradient_ratio) <= set(terms):
+        raise ValueError(f"gradient_ratio names terms of {sorted(terms)}, got {gradient_ratio}")
     parameters = tuple(dict.fromkeys(p for _, term in terms.values() for p in term.parameters))
     values: dict[str, Tensor] = {}
-    run = _Run(terms, teacher, vocab_size, chunk_size, values)
+    run = _Run(terms, teacher, vocab_size, chunk_size, values, gradient_ratio)
     loss = FusedHeadLoss.apply(run, student_hidden, student_head, student_bias, *parameters)
     return loss, values
 
@@ -150,6 +170,33 @@ class _Run:
     vocab_size: int
     chunk_size: int
     values: dict[str, Tensor]
+    gradient_ratio: tuple[str, str] | None = None
+
+
+class _GradientNorms:
+    """The squared norm of each named term's gradient over the whole logits, summed chunk by chunk.
+
+    A chunk's look-ahead row is the next chunk's first position: its gradient there is carried and added to
+    the next chunk's first row before squaring, so every position's gradient is squared whole, once."""
+
+    def __init__(self, names: tuple[str, ...]):
+        self.squared = {name: torch.zeros((), dtype=torch.float64) for name in names}
+        self.carried: dict[str, Tensor | None] = dict.fromkeys(names)
+
+    def add(self, name: str, grad: Tensor, owned: int) -> None:
+        grad = grad.double()
+        carried = self.carried[name]
+        if carried is not None and carried.numel():
+            grad[:1] += carried
+        self.squared[name] += grad[:owned].square().sum().cpu()
+        self.carried[name] = grad[owned:]
+
+    def ratio(self, a: str, b: str) -> Tensor:
+        norm_a, norm_b = (torch.sqrt(self.squared[n] + (c.square().sum().cpu() if (c := self.carried[n]) is not None
+                                                          else 0)) for n in (a, b))
+        if norm_a == 0:
+            return torch.zeros((), dtype=torch.float32)
+        return (norm_a / norm_b).float() if norm_b > 0 else torch.tensor(float("inf"))
 
 
 class FusedHeadLoss(torch.autograd.Function):
@@ -181,6 +228,7 @@ class FusedHeadLoss(torch.autograd.Function):
         lookahead = int(any(term.lookahead for _, term in run.terms.values()))
         wants_logits = wants[0] or wants[1] or wants[2]
         totals: dict[str, Tensor] = {}
+        norms = _GradientNorms(run.gradient_ratio) if run.gradient_ratio is not None else None
         for start in range(0, positions.numel(), run.chunk_size):
             stop = min(start + run.chunk_size, positions.numel())
             chunk = positions[start : min(stop + lookahead, positions.numel())]  # [n], own + look-ahead
@@ -189,13 +237,20 @@ class FusedHeadLoss(torch.autograd.Function):
                 logits = F.linear(chunk_hidden, head_rows, bias_rows)  # [n, V]
             teacher_logits = run.teacher.logits(chunk, run.vocab_size)[None] if run.teacher is not None else None
             with torch.enable_grad():
-                logits.requires_grad_(wants_logits)
+                logits.requires_grad_(wants_logits or norms is not None)
                 chunk_loss = logits.new_zeros((), dtype=torch.float32)
+                shares = {}
                 for name, (weight, term) in run.terms.items():
                     share, diagnostics = term(logits[None], teacher_logits, chunk, stop - start)
                     chunk_loss = chunk_loss + weight * share
+                    shares[name] = share
                     for key, value in {name: share, **{f"{name}/{k}": v for k, v in diagnostics.items()}}.items():
                         totals[key] = totals.get(key, 0) + value.detach()
+                if norms is not None:
+                    for name in run.gradient_ratio:
+                        grad = (torch.autograd.grad(shares[name], logits, retain_graph=True, allow_unused=True)[0]
+                                if shares[name].requires_grad else None)
+                        norms.add(name, grad if grad is not None else torch.zeros_like(logits), stop - start)
                 wrt = ([logits] if wants_logits else []) + [p for p, _ in trained]
                 chunk_grads = list(torch.autograd.grad(chunk_loss, wrt, allow_unused=True)) if wrt else []
             if wants_logits:
@@ -209,6 +264,9 @@ class FusedHeadLoss(torch.autograd.Function):
         for name, (_, term) in run.terms.items():
             run.values[name] = totals.get(name, hidden.new_zeros((), dtype=torch.float32))
         run.values |= {key: value for key, value in totals.items() if "/" in key}
+        if norms is not None:
+            run.values[f"{run.gradient_ratio[0]}/{run.gradient_ratio[1]} gradient ratio"] = norms.ratio(
+                *run.gradient_ratio)
         loss = sum((weight * run.values[name] for name, (weight, _) in run.terms.items()),
                    hidden.new_zeros((), dtype=torch.float32))
         ctx.dtypes = [t.dtype if t is not None else None for t in inputs]
