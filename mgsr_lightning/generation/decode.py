@@ -62,6 +62,24 @@ class Decoding:
         return replace(self, sampling=replace(self.sampling, max_new_tokens=max_new_tokens))
 
 
+@dataclass
+class DecodeState:
+    """What a ``sample`` call computed besides the tokens, filled in when the caller passes one (``state=``), so a
+    later step (SCRG) reuses it instead of a scoring forward over the rollout.
+
+    Attributes:
+        cache: the KV cache the loop grew, over the returned rollout's ``model_inputs()`` columns up to its last
+            fed token (the last sampled token is never fed); None with a static cache (it cannot be realigned)
+            or when no step ran.
+        token_nll: [B, R] float32, −log p(token) of each sampled response token under the model's unfiltered
+            distribution at temperature 1 (the vocabulary cut applied), 0 at padding: the NLL a scoring forward
+            over the rollout gives (``response_cross_entropy``), up to float rounding.
+    """
+
+    cache: Cache | None = None
+    token_nll: Tensor | None = None
+
+
 @contextlib.contextmanager
 def eval_mode(*models: nn.Module) -> Iterator[None]:
     """Switch models to eval mode (dropout off) and restore each one's train/eval flag on exit."""
@@ -85,6 +103,7 @@ def sample(
     seeds: Tensor | None = None,
     max_length: int | Tensor | None = None,
     cache: Cache | None = None,
+    state: DecodeState | None = None,
 ) -> Rollout:
     """Sample a response per prompt with a KV cache: one prefill over the prompts, then one token per step.
 
@@ -100,6 +119,7 @@ def sample(
         cache: the model's KV cache over ``prompt_ids[:, :-1]`` (same columns, same mask), e.g. from
             :func:`~.kv_cache.realigned_cache`; the prefill then feeds only the last prompt column. Extended in
             place, or with ``decoding.loop.static_cache`` copied once into the preallocated cache.
+        state: a ``DecodeState`` to fill with the loop's KV cache and the sampled tokens' NLL.
 
     Runs under ``torch.no_grad`` (not ``inference_mode``), so the ids can feed a forward with grad.
 
@@ -130,6 +150,7 @@ def sample(
     # Allocated once: the response and the attention mask over prompt + response columns.
     response_ids = prompt_ids.new_full((batch_size, max_steps), pad_token_id)  # [B, R]
     response_mask = prompt_mask.new_zeros(batch_size, max_steps)
+    token_nll = torch.zeros(batch_size, max_steps, dtype=torch.float32, device=device) if state is not None else None
     attention_mask = torch.cat([prompt_mask.long(), prompt_mask.new_ones(batch_size, max_steps, dtype=torch.long)], 1)
     steps_run = 0
     fed = 1 if cache is not None else prompt_width
@@ -158,6 +179,10 @@ def sample(
             # Finished rows draw too (their draw is discarded): a row's stream is indexed by its step, not by state.
             tokens = choose_tokens(logits, config, seeds, counter=step).masked_fill(done, pad_token_id)  # [B]
             response_ids[:, step] = tokens
+            if token_nll is not None:
+                scores = logits.float()
+                nll = scores.logsumexp(-1) - scores.gather(-1, tokens[:, None].clamp_max(scores.size(-1) - 1))[:, 0]
+                token_nll[:, step] = nll.masked_fill(done, 0.0)
             response_mask[:, step] = ~done
             steps_run = step + 1
             done = done | torch.isin(tokens, eos_ids) | (step + 1 >= budgets)
@@ -173,6 +198,9 @@ def sample(
     if synced and steps_run:  # steps run only for other ranks are padding everywhere here: drop them
         width = int(response_mask.sum(-1).max())
         response_ids, response_mask = response_ids[:, :width], response_mask[:, :width]
+    if state is not None:
+        state.cache = cache if steps_run and not static else None
+        state.token_nll = token_nll[:, : response_ids.size(1)]
     return Rollout(prompt_ids, prompt_mask, response_ids, response_mask)
 
 

@@ -31,6 +31,7 @@ DIFFERENCES = {
     "jsd": partial(generalized_jsd, beta=0.5),
 }
 CRITERIA = ("max_difference", "first_unlikely", "max_teacher_nll")
+STUDENT_CRITERIA = ("max_difference",)  # the criteria that read the student's distribution
 DEFAULT_CRITERION = "first_unlikely"
 DEFAULT_UNLIKELY_BELOW = 0.02
 
@@ -48,7 +49,7 @@ class ErrorPositions:
 
 def find_error_positions(
     teacher_logits: Tensor,
-    student_logits: Tensor,
+    student_logits: Tensor | None,
     response_ids: Tensor,
     response_mask: Tensor,
     *,
@@ -63,7 +64,8 @@ def find_error_positions(
 
     Args:
         teacher_logits, student_logits: [B, R, V], aligned with the response: [:, r] predicts
-            response_ids[:, r] (see ``generation.scoring.response_logits``), already cut to the shared vocabulary.
+            response_ids[:, r] (see ``generation.scoring.response_logits``), already cut to the shared vocabulary;
+            ``student_logits`` may be None for a criterion outside ``STUDENT_CRITERIA``.
         response_ids: [B, R] the student's tokens.
         response_mask: [B, R] bool, real response tokens incl. the ending EOS (which can be an error:
             the teacher may want to go on).
@@ -78,7 +80,9 @@ def find_error_positions(
 
     Ties in the score go to the earliest position. Rows with no candidate get has_error False.
     """
-    if teacher_logits.shape != student_logits.shape:
+    if student_logits is None and criterion in STUDENT_CRITERIA:
+        raise ValueError(f"criterion {criterion!r} reads the student's distribution: pass student_logits")
+    if student_logits is not None and teacher_logits.shape != student_logits.shape:
         raise ValueError(
             f"teacher logits {tuple(teacher_logits.shape)} and student logits {tuple(student_logits.shape)} differ; "
             "cut both to the shared tokenizer vocabulary (vocab_size) first"

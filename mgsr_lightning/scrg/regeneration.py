@@ -101,5 +101,7 @@ def _cached_columns(prompt_mask: Tensor, keep: Tensor, rows: Tensor, width: int)
     last_real = real.size(1) - 1 - real.flip(1).long().argmax(1)  # [N]
     cached = real.clone()
     cached[torch.arange(real.size(0), device=real.device), last_real] = False
-    order = torch.sort(cached.long(), dim=1, stable=True).indices  # real columns last, in order
-    return order[:, real.size(1) - width :]
+    cached_first, order = torch.sort(cached.long(), dim=1, stable=True)  # real columns last, in order
+    # the left-padding slots are masked: they read column 0, which every cache has (a decode loop's cache
+    # ends before the rollout's last column)
+    return order[:, real.size(1) - width :].masked_fill(cached_first[:, real.size(1) - width :] == 0, 0)

@@ -24,12 +24,16 @@ than ``max_difference`` does (measured by ``experiments/probes/scrg_criteria.py`
 response-aligned logits; ``revise`` runs the forwards, the corrections and one batched re-generation
 per round.
 
-Re-generation (:mod:`mgsr_lightning.scrg.regeneration`) continues from the student's scoring forward's KV
-cache cut at each row's error, so the kept prefix is never re-encoded; caches that cannot be
-realigned (sliding windows, quantised) fall back to re-encoding it, as does ``reuse_cache=False``;
-both give the same tokens. The teacher's logits over the final sequences, which the losses reuse,
-come the same way from its last scoring forward: only the columns from the earliest corrected
-position on go through the teacher again (``generation.scoring.response_logits_from_prefix``).
+Only ``max_difference`` reads the student's distribution. For the other criteria the first round runs no
+student forward: the rollout's own decode state (``generation.decode.DecodeState``: its KV cache and the
+sampled tokens' NLL) stands in for it. Re-generation (:mod:`mgsr_lightning.scrg.regeneration`) continues
+from a student KV cache cut at each row's error (the rollout's, or the student scoring forward's when the
+criterion ran one), so the kept prefix is never re-encoded; caches that cannot be realigned (sliding
+windows, quantised, static) fall back to re-encoding it in the re-generation's one batched prefill, as do
+later rounds without a scoring forward and ``reuse_cache=False``; all give the same tokens. The
+teacher's logits over the final sequences, which the losses reuse, come the same way from its last
+scoring forward: only the columns from the earliest corrected position on go through the teacher again
+(``generation.scoring.response_logits_from_prefix``).
 """
 
 from __future__ import annotations
@@ -43,10 +47,10 @@ from torch import Tensor, nn
 
 from mgsr_lightning.batch import Rollout
 from mgsr_lightning.distributed import any_rank
-from mgsr_lightning.generation.decode import Decoding, eval_mode
+from mgsr_lightning.generation.decode import DecodeState, Decoding, eval_mode
 from mgsr_lightning.generation.scoring import response_logits, response_logits_and_cache, response_logits_from_prefix
 from mgsr_lightning.losses import response_cross_entropy
-from mgsr_lightning.scrg.error_search import CRITERIA, DIFFERENCES, find_error_positions
+from mgsr_lightning.scrg.error_search import CRITERIA, DIFFERENCES, STUDENT_CRITERIA, find_error_positions
 from mgsr_lightning.scrg.regeneration import correct_and_regenerate
 from mgsr_lightning.seeding import derive_seeds, row_generators
 
@@ -68,8 +72,8 @@ class ScrgConfig:
             ``forward_kl`` KL(p_teacher‖q_student), ``reverse_kl`` KL(q‖p) or ``jsd`` (β = 0.5).
         teacher_token: the teacher's token per position: its ``argmax``, or a ``sample`` from its
             distribution (T = 1, unfiltered).
-        reuse_cache: re-generate from the student scoring forward's KV cache cut at the error
-            (default); False re-encodes prompt + kept prefix (same tokens, more compute).
+        reuse_cache: re-generate from a student KV cache cut at the error, the rollout's own or the student
+            scoring forward's (default); False re-encodes prompt + kept prefix (same tokens, more compute).
         reuse_teacher_cache: when the last round changed rows, score the final sequences from the
             teacher's scoring cache, past the earliest error only, instead of a full teacher forward
             (default; logits equal up to float rounding). The cache is held through the
@@ -118,6 +122,7 @@ def revise(
     decoding: Decoding,
     *,
     seeds: Tensor | None = None,
+    rollout_state: DecodeState | None = None,
 ) -> ScrgResult:
     """Correct each rollout up to ``config.n_corrections`` times and let the student re-generate.
 
@@ -137,6 +142,8 @@ def revise(
             when no rank has an error; re-generation runs on every rank), as FSDP needs.
         seeds: [B] int64 row seeds; re-generation and teacher sampling use ``derive_seeds`` of
             them, so each row's result is independent of the batch. None: global torch RNG.
+        rollout_state: what sampling ``rollout`` computed (``sample(..., state=...)``); with a criterion that
+            does not read the student, the first round uses it in place of a student forward.
 
     Returns:
         ``ScrgResult`` with the revised rollout (prompts unchanged), the teacher's response logits
@@ -147,7 +154,8 @@ def revise(
         tokens of the whole batch, the extra decoding SCRG costs), ``unchanged_fraction`` (rows no round
         changed: 1 - corrected_fraction), ``teacher_nll_before`` / ``teacher_nll_after``
         (the teacher's mean NLL per real response token of the rollout and of the revised rollout),
-        ``student_nll_before`` (the student's, on the rollout) and ``seconds``. With n_corrections = 0
+        ``student_nll_before`` (the student's, on the rollout: from its scoring forward, or from
+        ``rollout_state``; absent when neither was there) and ``seconds``. With n_corrections = 0
         nothing is scored: no NLL stats and no teacher logits.
     """
     started = time.perf_counter()
@@ -173,14 +181,21 @@ def revise(
                 teacher_logits, teacher_cache = response_logits_and_cache(teacher, rollout, decoding.vocab_size)
             else:
                 teacher_logits = response_logits(teacher, rollout, decoding.vocab_size)  # [B, R, V]
-            student_cache = None
-            if config.reuse_cache:
-                student_logits, student_cache = response_logits_and_cache(student, rollout, decoding.vocab_size)
-            else:
-                student_logits = response_logits(student, rollout, decoding.vocab_size)
+            student_logits, student_cache = None, None
+            if config.criterion in STUDENT_CRITERIA:
+                if config.reuse_cache:
+                    student_logits, student_cache = response_logits_and_cache(student, rollout, decoding.vocab_size)
+                else:
+                    student_logits = response_logits(student, rollout, decoding.vocab_size)
+            elif round_index == 0 and rollout_state is not None and config.reuse_cache:
+                student_cache = rollout_state.cache
             if round_index == 0:
                 nll_stats["teacher_nll_before"] = float(response_cross_entropy(teacher_logits, rollout))
-                nll_stats["student_nll_before"] = float(response_cross_entropy(student_logits, rollout))
+                if student_logits is not None:
+                    nll_stats["student_nll_before"] = float(response_cross_entropy(student_logits, rollout))
+                elif rollout_state is not None and rollout_state.token_nll is not None:
+                    real = rollout.response_mask
+                    nll_stats["student_nll_before"] = float(rollout_state.token_nll.sum() / real.sum().clamp_min(1))
             teacher_generators = None
             if config.teacher_token == "sample" and seeds is not None:
                 teacher_generators = row_generators(derive_seeds(seeds, round_index, "teacher_token"), device)
@@ -203,7 +218,8 @@ def revise(
             rollout, regenerated = correct_and_regenerate(
                 student, rollout, errors, decoding, round_seeds, student_cache
             )
-            del student_cache
+            del student_cache, student_logits
+            rollout_state = None  # it described the rollout before this round's revision
             corrected |= errors.has_error
             regenerated_tokens += regenerated
             error_positions = errors.positions[errors.has_error]  # [corrected rows of this round]

@@ -14,7 +14,7 @@ import time
 from torch import Tensor, nn
 
 from mgsr_lightning.batch import Rollout, TrainingSequences
-from mgsr_lightning.generation.decode import Decoding, sample
+from mgsr_lightning.generation.decode import DecodeState, Decoding, sample
 from mgsr_lightning.losses.minillm import MiniLLMConfig
 from mgsr_lightning.scrg.revise import ScrgConfig, revise
 from mgsr_lightning.training.minillm_rollout import teacher_mixed_rollout
@@ -50,13 +50,14 @@ def student_rollout(
     revise them with SCRG (``scrg`` not None). Metrics: ``rollout/seconds``, ``rollout/response_tokens``
     (mean sampled response length) and ``scrg/<stat>`` (see ``scrg.revise``)."""
     started = time.perf_counter()
-    rollout = sample(student, prompts.prompt_ids, prompts.prompt_mask, decoding, seeds=seeds)
+    state = DecodeState() if scrg is not None else None  # its KV cache and token NLL stand in for a student forward
+    rollout = sample(student, prompts.prompt_ids, prompts.prompt_mask, decoding, seeds=seeds, state=state)
     metrics = {
         "rollout/seconds": time.perf_counter() - started,
         "rollout/response_tokens": float(rollout.response_mask.sum(-1).float().mean()),
     }
     if scrg is None:
         return TrainingSequences(rollout, "fresh", metrics=metrics)
-    result = revise(student, teacher, rollout, scrg, decoding, seeds=seeds)
+    result = revise(student, teacher, rollout, scrg, decoding, seeds=seeds, rollout_state=state)
     metrics |= {f"scrg/{k}": v for k, v in result.stats.items()}
     return TrainingSequences(result.rollout, "fresh", result.teacher_logits, metrics)

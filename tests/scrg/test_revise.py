@@ -248,7 +248,11 @@ def test_teacher_nll_before_and_after_are_logged(criterion):
 
     stats = result.stats
     assert stats["teacher_nll_before"] == pytest.approx(nll_float64(response_logits(teacher, batch), batch), abs=1e-5)
-    assert stats["student_nll_before"] == pytest.approx(nll_float64(response_logits(student, batch), batch), abs=1e-5)
+    if criterion == "max_difference":  # the one criterion that runs a student forward
+        assert stats["student_nll_before"] == pytest.approx(nll_float64(response_logits(student, batch), batch),
+                                                            abs=1e-5)
+    else:  # no forward, and no sampling state to read it from: not logged rather than guessed
+        assert "student_nll_before" not in stats
     after = nll_float64(response_logits(teacher, result.rollout), result.rollout)
     assert stats["teacher_nll_after"] == pytest.approx(after, abs=1e-5)
     assert stats["teacher_nll_after"] < stats["teacher_nll_before"]
@@ -467,3 +471,41 @@ def test_cut_and_continue_on_the_static_cache_equals_the_dynamic_one(family):
     assert torch.equal(static.rollout.response_ids, dynamic.rollout.response_ids)
     assert torch.equal(static.rollout.response_mask, dynamic.rollout.response_mask)
     torch.testing.assert_close(static.teacher_logits, dynamic.teacher_logits)
+
+
+class _CountingForwards(torch.nn.Module):
+    """A model wrapper that counts full-rollout forwards (more than one column without a cache)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.scoring_forwards = model, 0
+
+    def forward(self, input_ids, cache=None, **kwargs):
+        if cache is None and input_ids.size(1) > 1 and kwargs.get("logits_to_keep", 0) != 1:
+            self.scoring_forwards += 1
+        return self.model(input_ids=input_ids, cache=cache, **kwargs)
+
+
+@pytest.mark.parametrize("criterion", ["first_unlikely", "max_teacher_nll"])
+def test_a_criterion_that_reads_only_the_teacher_reuses_the_rollout_instead_of_a_student_forward(criterion):
+    from mgsr_lightning.generation.decode import DecodeState
+
+    student = _CountingForwards(build_tiny_model("gpt2", 64, seed=1)).eval()
+    teacher = build_tiny_model("gpt2", 64, seed=2).eval()
+    prompts = Rollout.from_token_lists([[5, 6, 7], [8, 9], [10, 11, 12, 13]], [[], [], []], pad_token_id=PAD)
+    decoding = Decoding(EIGHT_TOKENS, **IDS, vocab_size=64)
+    seeds = torch.arange(3)
+    state = DecodeState()
+    rollout = sample(student, prompts.prompt_ids, prompts.prompt_mask, decoding, seeds=seeds, state=state)
+    assert state.cache is not None and state.token_nll.shape == rollout.response_ids.shape
+    config = ScrgConfig(criterion=criterion)
+
+    reused = revise(student, teacher, rollout, config, decoding, seeds=seeds, rollout_state=state)
+    assert student.scoring_forwards == 0
+    assert reused.stats["corrected_fraction"] > 0
+    assert reused.stats["student_nll_before"] == pytest.approx(
+        nll_float64(response_logits(student.model, rollout), rollout), abs=1e-5)
+    # the same revision as from a scoring forward's cache, and as re-encoding the prefix
+    encoded = revise(student, teacher, rollout, dataclasses.replace(config, reuse_cache=False), decoding, seeds=seeds)
+    assert torch.equal(reused.rollout.response_ids, encoded.rollout.response_ids)
+    torch.testing.assert_close(reused.teacher_logits, encoded.teacher_logits)
