@@ -143,7 +143,7 @@ class DistillLightningModule(L.LightningModule):
         teacher_cache: str | None = None,
         teacher_tokenizer: str | None = None,
         fused_head: bool = True,
-        fused_chunk_size: int = 256,
+        fused_chunk_size: int = 128,
     ):
         super().__init__()
         show_category_names()  # Lightning's formatter drops the category of warnings from files named *lightning*

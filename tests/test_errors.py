@@ -423,17 +423,16 @@ def test_full_disk_leaves_no_truncated_checkpoint(tiny_assets, tmp_path, capsys,
 
 def test_non_finite_loss_stops_with_step_and_batch_and_keeps_the_last_good_checkpoint(tiny_assets, tmp_path, capsys,
                                                                                       monkeypatch):
-    from mgsr_lightning.losses.objective import Objective
+    from mgsr_lightning.module import DistillLightningModule
 
-    objective = Objective.__call__
+    log_step = DistillLightningModule._log_step
     calls = []
 
-    def nan_from_step_2(self, *args, **kwargs):  # the objective runs once per training step
-        loss, metrics = objective(self, *args, **kwargs)
+    def nan_from_step_2(self, loss, *args):  # once per training step, whole logits or the fused head
         calls.append(None)
-        return (loss * float("nan") if len(calls) > 2 else loss), metrics
+        return log_step(self, loss * float("nan") if len(calls) > 2 else loss, *args)
 
-    monkeypatch.setattr(Objective, "__call__", nan_from_step_2)
+    monkeypatch.setattr(DistillLightningModule, "_log_step", nan_from_step_2)
     line = error_line(fit_args(tiny_assets, tmp_path / "run", "--trainer.max_steps=4"), capsys, only_line=False)
     assert "the training loss is nan at step 2 (batch 2 of epoch 0); training stopped before that update" in line
     last = tmp_path / "run" / "kd" / "version_0" / "checkpoints" / "last.ckpt"

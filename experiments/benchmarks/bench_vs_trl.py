@@ -30,11 +30,12 @@ Rows (DistiLLM's efficiency table: seconds per training sample; a sample is one 
   the ground truth standing for its pre-training loss. TRL has no counterpart.
 
 Targets printed under the table: our GKD against ``DistillationTrainer`` (≥ 1.5× its steps/s), and
-MGSR's step against its floor (≤ 1.15×): DistiLLM's step plus the response tokens SCRG re-generated
-per step (``scrg/regenerated_tokens``) at the rollout's own cost per sampled token, plus the
-teacher's forward over them (its measured cost per column). When a target is missed the step's
-profile is printed under it. ``make bench`` then runs ``bench_decode.py`` (our decode loop against
-``generate``) and ``bench_dac_kl_cost.py`` (DAC-KL against forward KL).
+MGSR's step against its floor (≤ 1.15×): DistiLLM's step, plus the ground-truth CE's student forward and
+backward (MGSR's objective has the SFT term on the ground truth, which DistiLLM's has not; measured on the
+first batch), plus the response tokens SCRG re-generated per step (``scrg/regenerated_tokens``) at the
+rollout's own cost per sampled token and the teacher's forward over them (its measured cost per column).
+When a target is missed the step's profile is printed under it. ``make bench`` then runs ``bench_decode.py``
+(our decode loop against ``generate``) and ``bench_dac_kl_cost.py`` (DAC-KL against forward KL).
 
 Every (side, method) runs in a fresh process, ``--rounds`` times, the processes alternating
 between the sides; a run times ``--steps`` steps after ``--warmup`` (the time between consecutive
@@ -99,6 +100,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="next-token training of both models on the made-up language before timing (0: untrained)")
     parser.add_argument("--work", default="runs/bench_vs_trl", help="models, tokenizer and data go here")
     parser.add_argument("--out", default=None, help="folder for table.md and runs.json")
+    parser.add_argument("--unfused", action="store_true",
+                        help="our runs compute whole logits (fused_head: false) instead of the fused head")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # side:method, run in this process
     return parser.parse_args(argv)
 
@@ -226,6 +229,7 @@ def run_ours(method: str, work: Path, args: argparse.Namespace) -> dict:
 
     kwargs = method_kwargs(method)
     uses_teacher = kwargs.pop("uses_teacher")
+    kwargs["fused_head"] = not args.unfused
     examples = json.loads((work / "data.json").read_text())
     n_batches = args.warmup + args.steps
     batches = []
@@ -279,7 +283,28 @@ def run_ours(method: str, work: Path, args: argparse.Namespace) -> dict:
               "step_metrics": step_metrics[args.warmup:]}
     if kwargs["scrg"] is not None:
         result["teacher_seconds_per_token"] = teacher_seconds_per_token(module, batches[0], sampling)
+    if module.objective.sft_on_ground_truth and module.scrg is not None:
+        result["ground_truth_ce_seconds"] = ground_truth_ce_seconds(module, batches[0])
     return result
+
+
+def ground_truth_ce_seconds(module, batch: dict) -> float:
+    """The SFT term's own work in a step that trains on other sequences: the student's forward over the batch's
+    ground truth, its cross-entropy and the backward through the student (median of 5)."""
+    from mgsr_lightning.batch import Rollout
+    from mgsr_lightning.generation.scoring import response_logits
+    from mgsr_lightning.losses.objective import response_cross_entropy
+
+    ground_truth = Rollout.from_batch(batch)
+    seconds = []
+    for _ in range(5):
+        module.student.zero_grad(set_to_none=True)
+        started = time.perf_counter()
+        logits = response_logits(module.student, ground_truth, module.vocab_size)
+        response_cross_entropy(logits, ground_truth).backward()
+        seconds.append(time.perf_counter() - started)
+    module.student.zero_grad(set_to_none=True)
+    return statistics.median(seconds)
 
 
 def teacher_seconds_per_token(module, batch: dict, sampling) -> float:
@@ -408,7 +433,8 @@ def _versions() -> dict:
 def spawn(python: str, spec: str, args: argparse.Namespace) -> dict:
     command = [python, str(Path(__file__).resolve()), "--worker", spec, "--work", args.work,
                "--steps", str(args.steps), "--warmup", str(args.warmup), "--batch_size", str(args.batch_size),
-               "--new_tokens", str(args.new_tokens)] + (["--threads", str(args.threads)] if args.threads else [])
+               "--new_tokens", str(args.new_tokens)] + (["--threads", str(args.threads)] if args.threads else []) + (
+               ["--unfused"] if args.unfused else [])
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
                PYTHONWARNINGS="ignore")
@@ -486,7 +512,9 @@ def targets(runs: dict[str, list[dict]]) -> list[str]:
         ratio = mgsr / floor
         parts = {k: statistics.median(f[k] for f in floors) for k in floors[0]}
         lines.append(f"- MGSR step / its floor: {ratio:.2f}× ({mgsr:.3f} s against {floor:.3f} s = DistiLLM's step "
-                     f"{distillm:.3f} s + {parts['regenerated_tokens']:.0f} re-generated tokens per step × "
+                     f"{distillm:.3f} s + the ground-truth CE's student forward and backward "
+                     f"{parts['ground_truth_ce']:.3f} s + {parts['regenerated_tokens']:.0f} re-generated tokens "
+                     f"per step × "
                      f"({1e3 * parts['rollout_per_token']:.2f} ms rollout + {1e3 * parts['teacher_per_token']:.2f} ms "
                      f"teacher forward per token)) (target ≤ 1.15×: {'met' if ratio <= 1.15 else 'missed'}); "
                      f"MGSR / DistiLLM {mgsr / distillm:.2f}×")
@@ -496,9 +524,9 @@ def targets(runs: dict[str, list[dict]]) -> list[str]:
             rest = mgsr - parts["rollout_seconds"] - parts["scrg_seconds"]
             lines.append(f"  profile of MGSR's step (medians): rollout {parts['rollout_seconds']:.3f} s, SCRG "
                          f"{parts['scrg_seconds']:.3f} s (of which the floor's re-generation and teacher share "
-                         f"{extra:.3f} s; the rest is SCRG's student scoring forward over the rollout, which DistiLLM "
-                         f"never runs, the error search and the re-generation's own prefill and per-call overhead), "
-                         f"losses + backward + optimiser {rest:.3f} s (MGSR's objective: the SFT term's extra "
+                         f"{extra - parts['ground_truth_ce']:.3f} s; the rest is the teacher's scoring forward over "
+                         f"the rollout, the error search and the re-generation's per-call overhead), "
+                         f"losses + backward + optimiser {rest:.3f} s (MGSR's objective: the SFT term's "
                          f"student forward over the ground truth, DAC-KL with ClipNet, the span term) against "
                          f"DistiLLM's whole step {distillm:.3f} s")
     return lines
@@ -506,17 +534,20 @@ def targets(runs: dict[str, list[dict]]) -> list[str]:
 
 def mgsr_floor_parts(run: dict) -> dict | None:
     """Per-step medians of an MGSR run's SCRG figures and the floor's extra seconds over DistiLLM's step:
-    the re-generated tokens at the rollout's own cost per sampled token, plus the teacher's forward over them."""
+    the ground-truth CE's student forward and backward when MGSR's objective has it, and the re-generated tokens at
+    the rollout's own cost per sampled token plus the teacher's forward over them."""
     steps = [m for m in run.get("step_metrics", []) if "scrg/regenerated_tokens" in m and "rollout/seconds" in m]
     if not steps or "teacher_seconds_per_token" not in run:
         return None
+    ground_truth_ce = run.get("ground_truth_ce_seconds", 0.0)
     batch = run["batch_size"]
     rollout_per_token = statistics.median(m["rollout/seconds"] / max(m["rollout/response_tokens"] * batch, 1)
                                           for m in steps)
     regenerated = statistics.median(m["scrg/regenerated_tokens"] for m in steps)
     teacher_per_token = run["teacher_seconds_per_token"]
     return {
-        "floor_extra": regenerated * (rollout_per_token + teacher_per_token),
+        "floor_extra": regenerated * (rollout_per_token + teacher_per_token) + ground_truth_ce,
+        "ground_truth_ce": ground_truth_ce,
         "regenerated_tokens": regenerated, "rollout_per_token": rollout_per_token,
         "teacher_per_token": teacher_per_token,
         "unchanged_fraction": statistics.median(m["scrg/unchanged_fraction"] for m in steps),

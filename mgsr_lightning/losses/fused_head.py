@@ -237,19 +237,18 @@ class FusedHeadLoss(torch.autograd.Function):
                 logits = F.linear(chunk_hidden, head_rows, bias_rows)  # [n, V]
             teacher_logits = run.teacher.logits(chunk, run.vocab_size)[None] if run.teacher is not None else None
             with torch.enable_grad():
-                logits.requires_grad_(wants_logits or norms is not None)
+                logits.requires_grad_(wants_logits)
                 chunk_loss = logits.new_zeros((), dtype=torch.float32)
-                shares = {}
                 for name, (weight, term) in run.terms.items():
                     share, diagnostics = term(logits[None], teacher_logits, chunk, stop - start)
                     chunk_loss = chunk_loss + weight * share
-                    shares[name] = share
                     for key, value in {name: share, **{f"{name}/{k}": v for k, v in diagnostics.items()}}.items():
                         totals[key] = totals.get(key, 0) + value.detach()
-                if norms is not None:
+                if norms is not None:  # on a detached copy: a chunked loss takes one backward only
                     for name in run.gradient_ratio:
-                        grad = (torch.autograd.grad(shares[name], logits, retain_graph=True, allow_unused=True)[0]
-                                if shares[name].requires_grad else None)
+                        probe = logits.detach().requires_grad_()
+                        share = run.terms[name][1](probe[None], teacher_logits, chunk, stop - start)[0]
+                        grad = torch.autograd.grad(share, probe, allow_unused=True)[0] if share.requires_grad else None
                         norms.add(name, grad if grad is not None else torch.zeros_like(logits), stop - start)
                 wrt = ([logits] if wants_logits else []) + [p for p, _ in trained]
                 chunk_grads = list(torch.autograd.grad(chunk_loss, wrt, allow_unused=True)) if wrt else []

@@ -43,7 +43,7 @@ def fused_objective(
     ground_truth: Rollout | None = None,
     ground_truth_hidden: Tensor | None = None,
     measure_gradients: bool = False,
-    chunk_size: int = 256,
+    chunk_size: int = 128,
 ) -> tuple[Tensor, dict[str, Any]]:
     """``objective(sequences, student_logits, teacher_logits, ground_truth, ground_truth_logits, measure)``
     with every logit computed chunk by chunk from hidden states.

@@ -77,9 +77,10 @@ METHODS = {
     "distillm": dict(distill=DistillLoss(name="skew_forward_kl", params={"alpha": 0.1}),
                      regime=RegimeConfig(name="on_policy")),
     "abkd": dict(distill=DistillLoss(name="abkd", params={"alpha": 0.2, "beta": 0.7}), sft_weight=0.0),
-    "mgsr": dict(distill=DistillLoss(name="dac_kl", params={"mode": "learned", "variant": "rest", "base": "alpha_beta",
-                                                              "base_params": {"alpha": 0.2, "beta": 0.7}}),
-                 span=SpanLoss(weight=0.1), regime=RegimeConfig(name="on_policy"), scrg=ScrgConfig()),
+    "mgsr": dict(distill=DistillLoss(name="dac_kl", chunk_size=16, params={
+                     "mode": "learned", "variant": "rest", "base": "alpha_beta",
+                     "base_params": {"alpha": 0.2, "beta": 0.7}}),
+                 span=SpanLoss(weight=0.1, chunk_size=16), regime=RegimeConfig(name="on_policy"), scrg=ScrgConfig()),
 }
 
 
