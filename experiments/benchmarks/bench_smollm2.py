@@ -60,29 +60,39 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--chunk-size", type=int, default=32,
                         help="positions per loss chunk (distillation and span terms)")
     parser.add_argument("--no-naive", action="store_true", help="skip MGSR's unchunked run")
-    parser.add_argument("--child", nargs=2, metavar=("METHOD", "CHUNK"), help=argparse.SUPPRESS)
+    parser.add_argument("--paths", nargs="+", default=["fused"], choices=["fused", "unfused"],
+                        help="the step's loss head: fused (the default, fused_head: true) and/or unfused (whole "
+                             "logits); with both, each method runs both ways, one after the other")
+    parser.add_argument("--child", nargs=3, metavar=("METHOD", "CHUNK", "PATH"), help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
-def measure(args: argparse.Namespace, method: str, chunked: bool) -> dict:
-    """In the child: run the steps and return the means per step and the peak RSS."""
+def measure(args: argparse.Namespace, method: str, chunked: bool, fused: bool) -> dict:
+    """In the child: run the steps and return the means per step and the peak RSS. "loss" times the loss terms:
+    unfused, the objective over whole logits (its backward is in the rest); fused, the fused head's calls, which
+    compute the head's logits and the gradients chunk by chunk (their backward is nearly free)."""
     from lightning.pytorch.callbacks import Callback
 
     from mgsr_lightning.cli.lightning_cli import PARSER_MODE, DistillCLI
     from mgsr_lightning.data.datamodule import InstructionDataModule
+    from mgsr_lightning.losses import fused_objective
     from mgsr_lightning.losses.objective import Objective
     from mgsr_lightning.module import DistillLightningModule
 
     loss_seconds: list[float] = []
-    original_call = Objective.__call__
 
-    def timed_call(self, *call_args, **kwargs):
-        started = time.perf_counter()
-        result = original_call(self, *call_args, **kwargs)
-        loss_seconds.append(time.perf_counter() - started)
-        return result
+    def timed(function):
+        def call(*call_args, **kwargs):
+            started = time.perf_counter()
+            result = function(*call_args, **kwargs)
+            loss_seconds.append(time.perf_counter() - started)
+            return result
+        return call
 
-    Objective.__call__ = timed_call
+    if fused:
+        fused_objective.fused_head_loss = timed(fused_objective.fused_head_loss)
+    else:
+        Objective.__call__ = timed(Objective.__call__)
 
     class StepTimer(Callback):
         def __init__(self):
@@ -113,7 +123,8 @@ def measure(args: argparse.Namespace, method: str, chunked: bool) -> dict:
         f"--model.init_args.sampling.max_new_tokens={args.new_tokens}",
         f"--trainer.max_steps={args.steps + args.warmup}", "--trainer.limit_val_batches=0", "--trainer.logger=false",
         "--trainer.enable_checkpointing=false", "--trainer.callbacks=[]", "--model.init_args.export_dir=null",
-        "--trainer.enable_progress_bar=false", *SAMPLING.get(method, []),
+        "--trainer.enable_progress_bar=false", f"--model.init_args.fused_head={str(fused).lower()}",
+        *SAMPLING.get(method, []),
     ]
     chunk = args.chunk_size if chunked else "null"
     if method != "sft":  # SFT has no distillation term to chunk
@@ -135,9 +146,9 @@ def measure(args: argparse.Namespace, method: str, chunked: bool) -> dict:
             "peak_rss_gib": status_kib("VmHWM") / 2**20}
 
 
-def run_child(argv: list[str], method: str, chunked: bool) -> dict:
+def run_child(argv: list[str], method: str, chunked: bool, path: str) -> dict:
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    done = subprocess.run([sys.executable, __file__, *argv, "--child", method, "chunked" if chunked else "naive"],
+    done = subprocess.run([sys.executable, __file__, *argv, "--child", method, "chunked" if chunked else "naive", path],
                           capture_output=True, text=True, env=env, cwd=REPO)
     if done.returncode != 0:
         raise RuntimeError(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}")
@@ -148,26 +159,26 @@ def main(argv=None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     if args.child:
-        print(json.dumps(measure(args, args.child[0], args.child[1] == "chunked")))
+        print(json.dumps(measure(args, args.child[0], args.child[1] == "chunked", args.child[2] == "fused")))
         return
     print(f"SmolLM2-135M-Instruct (30 layers) -> 6-layer student, CPU fp32, batch {args.batch} x {args.length} tokens, "
           f"rollouts of {args.new_tokens} tokens, torch threads {os.environ.get('OMP_NUM_THREADS', 'default')}; "
           f"means of {args.steps} steps after {args.warmup} warm-up")
-    print(f"{'method':<24}{'s/step':>8}{'CPU s':>7}{'rollout':>9}{'SCRG':>8}{'losses':>8}{'rest':>8}"
+    print(f"{'method':<34}{'s/step':>8}{'CPU s':>7}{'rollout':>9}{'SCRG':>8}{'losses':>8}{'rest':>8}"
           f"{'gen. share':>11}{'peak RSS':>10}")
-    runs = [(method, True) for method in args.methods]
+    runs = [(method, True, path) for method in args.methods for path in args.paths]
     if "mgsr" in args.methods and not args.no_naive:
-        runs.append(("mgsr", False))
-    for method, chunked in runs:
-        label = LABELS[method if chunked else "mgsr_naive"]
+        runs += [("mgsr", False, path) for path in args.paths]
+    for method, chunked, path in runs:
+        label = LABELS[method if chunked else "mgsr_naive"] + (f", {path}" if len(args.paths) > 1 else "")
         try:
-            r = run_child(argv, method, chunked)
+            r = run_child(argv, method, chunked, path)
         except RuntimeError as error:
-            print(f"{label:<24} failed: {error}")
+            print(f"{label:<34} failed: {error}")
             continue
         rest = r["step"] - r["rollout"] - r["scrg"] - r["loss"]
         generation = (r["rollout"] + r["scrg"]) / r["step"]
-        print(f"{label:<24}{r['step']:>8.2f}{r['cpu']:>7.2f}{r['rollout']:>9.2f}{r['scrg']:>8.2f}{r['loss']:>8.2f}{rest:>8.2f}"
+        print(f"{label:<34}{r['step']:>8.2f}{r['cpu']:>7.2f}{r['rollout']:>9.2f}{r['scrg']:>8.2f}{r['loss']:>8.2f}{rest:>8.2f}"
               f"{100 * generation:>10.0f}%{r['peak_rss_gib']:>8.2f} GiB", flush=True)
 
 
