@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
 from torchmetrics import MeanMetric
 from transformers import PreTrainedModel
@@ -419,6 +419,11 @@ class DistillLightningModule(L.LightningModule):
             head = linear_output_head(self.student)
             refusal = f"the student: {head}" if isinstance(head, str) else None
         return refusal
+
+    def on_train_start(self) -> None:
+        refusal = self.fused_head_refusal()
+        if self.fused_head and refusal is not None:  # asked for (the default) but not possible: say so once
+            rank_zero_info(f"the loss head is not fused ({refusal}): each step computes whole [B, R, V] logits")
 
     def fused_teacher(self, batch: dict[str, Any], step: TrainingSequences) -> Teacher | None:
         """The teacher's side of a fused step (as :meth:`step_teacher_logits` picks it): the logits the rollout
