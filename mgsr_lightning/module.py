@@ -431,6 +431,10 @@ class DistillLightningModule(L.LightningModule):
         head (its whole logits when its head is more than a linear map)."""
         if not self.objective.uses_teacher:
             return None
+        own = DistillLightningModule
+        if type(self).step_teacher_logits is not own.step_teacher_logits or (
+                type(self).teacher_logits is not own.teacher_logits):  # a subclass's own teacher side, as it is
+            return LogitsTeacher(self.step_teacher_logits(batch, step))
         if step.teacher_logits is not None:
             return LogitsTeacher(step.teacher_logits)
         if step.source == "ground_truth" and TEACHER_CACHE_KEYS[0] in batch:

@@ -290,11 +290,15 @@ def _add_head_gradients(grad_logits: Tensor, chunk_hidden: Tensor, head_rows: Te
     The head's buffer is in the head's dtype and each chunk's product is added in place (``addmm_``,
     as Liger does): a float32 buffer for a bf16 head would need a [V, H] temporary and one more pass
     over the buffer per chunk, 12 times the matmul's own time at V = 151,936 on a CPU. So a bf16
-    head's gradient is rounded once per chunk instead of once (relative error ~2⁻⁹·√chunks)."""
+    head's gradient is rounded once per chunk instead of once (relative error ~2⁻⁹·√chunks). Under
+    autocast (bf16-mixed precision: bf16 logits of a float32 head), the product is taken in the logits'
+    dtype, as the unfused head's backward takes it, and added into the float32 buffer."""
     vocab_size = grad_logits.size(-1)
     if grad_hidden is not None:
         grad_hidden.view(-1, grad_hidden.size(-1)).index_add_(0, chunk, (grad_logits @ head_rows).to(grad_hidden.dtype))
-    if grad_head is not None:
+    if grad_head is not None and grad_logits.dtype == chunk_hidden.dtype == grad_head.dtype:
         grad_head[:vocab_size].addmm_(grad_logits.T, chunk_hidden)
+    elif grad_head is not None:  # mixed precision (autocast: bf16 logits of a float32 head): the product in the
+        grad_head[:vocab_size] += grad_logits.T @ chunk_hidden.to(grad_logits.dtype)  # logits' dtype, added up
     if grad_bias is not None:
         grad_bias[:vocab_size] += grad_logits.sum(0, dtype=grad_bias.dtype)

@@ -159,3 +159,41 @@ def test_the_step_says_why_it_does_not_fuse(tiny_assets):
     assert own.fused_head_refusal() == "_OwnLogits overrides logits()"
     with pytest.raises(ValueError, match="fused_chunk_size must be a positive"):
         _module(tiny_assets, distill=DistillLoss(), fused_chunk_size=0)
+
+
+def test_the_fused_step_runs_under_bf16_autocast_as_bf16_mixed_precision_does(tiny_assets):
+    module = _module(tiny_assets, **METHODS["mgsr"])
+    batch = _batch(tiny_assets)
+    ground_truth = Rollout.from_batch(batch)
+    with torch.no_grad():
+        step = module.student_outputs(ground_truth, batch)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        unfused = _loss_and_gradients(module, batch, step, ground_truth, fused=False)
+        fused = _loss_and_gradients(module, batch, step, ground_truth, fused=True)
+    torch.testing.assert_close(fused[0], unfused[0], rtol=2e-2, atol=2e-2)
+    for got, expected in zip(fused[2], unfused[2]):
+        assert got.dtype == expected.dtype == torch.float32
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got, expected, rtol=0.1, atol=2e-3)
+
+
+class _SharperTeacher(DistillLightningModule):
+    def teacher_logits(self, sequences):
+        return 2 * super().teacher_logits(sequences)
+
+
+def test_a_subclass_s_own_teacher_logits_are_the_fused_step_s_teacher(tiny_assets):
+    module = _SharperTeacher(student=ModelSource(name_or_path=str(tiny_assets["models"]["gpt2"]["student"])),
+                             teacher=ModelSource(name_or_path=str(tiny_assets["models"]["gpt2"]["teacher"])),
+                             tokenizer=str(tiny_assets["tokenizer"]), max_length=80, distill=DistillLoss())
+    module.configure_model()
+    module.eval()
+    assert module.fused_head_refusal() is None
+    batch = _batch(tiny_assets)
+    ground_truth = Rollout.from_batch(batch)
+    step = TrainingSequences(ground_truth, "ground_truth")
+    unfused = _loss_and_gradients(module, batch, step, ground_truth, fused=False)
+    fused = _loss_and_gradients(module, batch, step, ground_truth, fused=True)
+    torch.testing.assert_close(fused[0], unfused[0], rtol=1e-5, atol=1e-6)
+    plain = _module(tiny_assets, distill=DistillLoss())  # the same models without the override
+    assert not torch.allclose(_loss_and_gradients(plain, batch, step, ground_truth, fused=True)[0], fused[0])
