@@ -219,7 +219,8 @@ def revise(
                 student, rollout, errors, decoding, round_seeds, student_cache
             )
             del student_cache, student_logits
-            rollout_state = None  # it described the rollout before this round's revision
+            if rollout_state is not None:  # it described the rollout before this round's revision: free its cache
+                rollout_state.cache, rollout_state = None, None
             corrected |= errors.has_error
             regenerated_tokens += regenerated
             error_positions = errors.positions[errors.has_error]  # [corrected rows of this round]
