@@ -1,8 +1,8 @@
 """TRL's GOLD trainer on a cross-tokenizer pair, scored by our evaluator beside our cross-tokenizer rows.
 
-    python experiments/cross_tokenizer/gold.py --teacher artifacts/facts_cross/teacher \\
-        --student artifacts/facts_cross/init/hf --data artifacts/facts/data --steps 600 --batch-size 32 \\
-        --out experiments/results/cross_tokenizer/gold
+    python experiments/cross_tokenizer/gold.py --teacher artifacts/facts_xtok/teacher/hf \\
+        --student runs/suite/facts/init/seed0/hf --data artifacts/facts/data --steps 600 --batch-size 32 \\
+        --seed 0 --out runs/cross_tokenizer/gold/seed0
 
 The teacher folder holds its own tokenizer, the student folder its own (the SFT-initialised student, as every
 row of the table starts from). GOLD (``trl.experimental.gold.GOLDTrainer``) runs in TRL's own interpreter
