@@ -15,7 +15,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "experiments" / "cross_tokenizer" / "gold.py"
-TRL_PYTHON = Path("/work/main/.venv-bench/bin/python")
+TRL_PYTHON = REPO / ".venv-bench" / "bin" / "python"  # make bench creates it
 
 
 @pytest.fixture(scope="module")

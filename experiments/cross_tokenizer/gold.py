@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-DEFAULT_TRL_PYTHON = Path("/work/main/.venv-bench/bin/python")
+DEFAULT_TRL_PYTHON = REPO / ".venv-bench" / "bin" / "python"  # the Makefile's BENCH_VENV
 SEEDS = (10, 20, 30, 40, 50)
 # The facts configs' optimiser (configs/facts/base.yaml) for GOLD's run; GOLD's own lr default is 1e-7.
 OPTIMISER = {"learning_rate": 5e-4, "weight_decay": 0.01, "lr_scheduler_type": "cosine", "warmup_steps": 10,
@@ -82,7 +82,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, required=True, help="rows per step")
     parser.add_argument("--out", required=True, help="folder for gold.json, the trained student and its scores")
     parser.add_argument("--warmup", type=int, default=2, help="steps not timed at the start (they are trained)")
-    parser.add_argument("--trl-python", default=str(DEFAULT_TRL_PYTHON), help="python of a venv with trl==1.16.0")
+    parser.add_argument("--trl-python", default=str(DEFAULT_TRL_PYTHON),
+                        help="python of a venv with trl==1.16.0 (default: the repository's .venv-bench)")
     parser.add_argument("--template", default="plain", choices=("plain", "alpaca"), help="the data module's template")
     parser.add_argument("--max-prompt-length", type=int, default=56, help="student tokens (facts: 56)")
     parser.add_argument("--max-length", type=int, default=136, help="prompt + answer + EOS, student tokens (facts)")
