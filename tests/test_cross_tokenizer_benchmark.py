@@ -73,9 +73,12 @@ def test_a_scored_run_is_skipped_and_an_unscored_or_missing_one_is_not(benchmark
     assert benchmark.pending(layout, jobs) == [("kd", 0), ("mgsr", 0), ("sft", 1), ("kd", 1), ("mgsr", 1)]
 
 
-def test_an_unknown_row_is_refused_in_one_line_before_any_work(benchmark):
+def test_an_unknown_row_or_a_malformed_seed_list_is_refused_in_one_line_before_any_work(benchmark, capsys):
     with pytest.raises(SystemExit, match="unknown row nope; the rows: sft, kd_uld_cross"):
         benchmark.main(["train", "--smoke", "--only", "sft,nope"])
+    with pytest.raises(SystemExit) as stopped:
+        benchmark.main(["train", "--smoke", "--seeds", "0,one"])
+    assert stopped.value.code == 2 and "invalid seed_list value: '0,one'" in capsys.readouterr().err
 
 
 def cells_of(text: str) -> dict[str, list[str]]:

@@ -222,7 +222,7 @@ def train(layout: Layout, args: argparse.Namespace) -> None:
     if unknown:
         sys.exit(f"unknown row {', '.join(unknown)}; the rows: {', '.join(ROWS)}")
     prepare(layout)
-    jobs = pending(layout, jobs_of(names, [int(seed) for seed in args.seeds.split(",")]))
+    jobs = pending(layout, jobs_of(names, args.seeds))
     logs = layout.runs / "logs"
     logs.mkdir(parents=True, exist_ok=True)
 
@@ -295,11 +295,16 @@ def table(layout: Layout) -> None:
     print(text)
 
 
+def seed_list(text: str) -> list[int]:
+    """``--seeds 0,1,2``; argparse turns the ValueError of anything else into one line."""
+    return [int(seed) for seed in text.split(",")]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("action", choices=["prepare", "train", "one", "table"])
     parser.add_argument("--jobs", type=int, default=2, help="trainings at once, one torch thread each")
-    parser.add_argument("--seeds", default=",".join(map(str, TRAIN_SEEDS)), help="training seeds, comma-separated")
+    parser.add_argument("--seeds", type=seed_list, default=list(TRAIN_SEEDS), help="training seeds, comma-separated")
     parser.add_argument("--only", default=None, help=f"comma-separated rows (default: all of {', '.join(ROWS)})")
     parser.add_argument("--smoke", action="store_true", help="the same path at a toy budget, in separate folders")
     parser.add_argument("--name"), parser.add_argument("--seed", type=int)
