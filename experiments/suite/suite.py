@@ -61,18 +61,20 @@ def read_result(family: str, name: str, seed: int) -> dict | None:
 # --- training -------------------------------------------------------------------------------------------
 
 
-def init_overrides(family: str, seed: int, env: dict[str, str]) -> tuple[str, ...]:
+def init_overrides(family: str, seed: int, env: dict[str, str], runs: Path = RUNS,
+                   overrides: tuple[str, ...] = ()) -> tuple[str, ...]:
     """The overrides that start a student from the family's seed-``seed`` SFT-initialised student, trained
-    once (under a lock, as parallel jobs ask for it): ``init.yaml`` where the family has one, else ``sft.yaml``,
-    as ``prepare`` does on a user's data."""
+    once (under a lock, as parallel jobs ask for it) into ``runs/<family>/init/seed<seed>`` with ``overrides``:
+    ``init.yaml`` where the family has one, else ``sft.yaml``, as ``prepare`` does on a user's data."""
     from mgsr_lightning.pipeline import steps
     from mgsr_lightning.pipeline.own_data import init_config_name
 
-    lock_path = RUNS / family / f"init-seed{seed}.lock"
+    lock_path = runs / family / f"init-seed{seed}.lock"
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with lock_path.open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        init_dir = steps.fit(family, init_config_name(family), RUNS / family / "init" / f"seed{seed}", seed, env)
+        init_dir = steps.fit(family, init_config_name(family), runs / family / "init" / f"seed{seed}", seed, env,
+                             overrides)
     student = json.dumps({"name_or_path": str(init_dir.resolve()), "config": None})
     return (f"--model.init_args.student={student}",)
 

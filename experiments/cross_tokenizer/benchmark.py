@@ -1,0 +1,324 @@
+"""Issue 42's benchmark: distilling across tokenizers on the embedded ``facts`` family.
+
+The teacher side is a second facts teacher, trained with its own tokenizer: a byte-level BPE of 640 tokens
+(the package's ``train_bpe_tokenizer``) learnt from the prompts as the configs render them (``plain``), where
+the student's facts tokenizer learnt 2,048 asked (1,082 reached: the facts lexicon runs out of merges) from
+the Alpaca rendering; so the two vocabularies differ both ways and the teacher cuts rarer names into pieces
+("Bulen" -> "B", "ul", "en"). It trains by the facts teacher recipe (configs/facts/teacher.yaml, the same
+1,600 steps on all 30,000 rows). The student side is the facts tokenizer and the facts SFT-initialised
+student of each training seed, shared with the suite (``runs/suite/facts/init/seed<k>``).
+
+Every row is one ``fit`` of configs/facts/<config>.yaml from that student at facts' step budget, scored on
+the test split with facts' five sampling seeds; its compact result (validation curve, training seconds, test
+ROUGE-L) is written to ``experiments/results/cross_tokenizer/runs/<name>-seed<k>.json``, which ``table``
+reads. A run whose result exists is skipped; a half-trained one resumes from its last checkpoint.
+
+    python experiments/cross_tokenizer/benchmark.py prepare
+    python experiments/cross_tokenizer/benchmark.py train --jobs 2 [--seeds 0,1,2] [--only kd_uld_cross]
+    python experiments/cross_tokenizer/benchmark.py table
+
+``--smoke`` runs the same path at a toy budget (2 steps per training, 8 scored rows) into separate folders
+(``artifacts/facts_xtok_smoke``, ``runs/cross_tokenizer_smoke``), never into the benchmark's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import fcntl
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+FAMILY = "facts"
+TRAIN_SEEDS = (0, 1, 2)
+TEACHER_VOCAB = 640  # below the 1,082 tokens where BPE on the facts text runs out of merges
+TEACHER_TEMPLATE = "plain"  # the student's tokenizer learnt from the Alpaca rendering
+# The teacher's answers take up to 59 of its tokens (the student's 34): it generates up to 64 (its validation,
+# and both teachers' test scores in pair.json).
+TEACHER_NEW_TOKENS = 64
+
+sys.path.insert(0, str(REPO / "experiments" / "suite"))
+sys.path.insert(0, str(REPO / "experiments" / "analyses"))
+from suite import RUNS as SUITE_RUNS  # noqa: E402
+from suite import init_overrides, mean_se  # noqa: E402
+from sweep import overrides_of, validation_curve  # noqa: E402
+
+# name: its row in table.md, configs/facts/<config>.yaml, command-line overrides, and the teacher side
+# (``cross``: the teacher trained with its own tokenizer; otherwise the facts teacher, when the method has one)
+ROWS: dict[str, dict] = {
+    "sft": {"label": "SFT", "config": "sft", "overrides": {}, "cross": False},
+    "kd_uld_cross": {"label": "KD, cross-tokenizer (ULD)", "config": "kd", "cross": True,
+                     "overrides": {"model.init_args.distill.cross_tokenizer": "uld"}},
+    "kd_exact_cross": {"label": "KD, cross-tokenizer (exact match)", "config": "kd", "cross": True,
+                       "overrides": {"model.init_args.distill.cross_tokenizer": "exact_match"}},
+    # MGSR's default objective (DAC-KL's rest variant over alpha-beta, adaptive off-policy, SCRG) with DAC-KL by
+    # exact match and SCRG through text; the span term (weight 0.1 by default) does not work across tokenizers
+    "mgsr_cross": {"label": "MGSR, cross-tokenizer", "config": "mgsr", "cross": True,
+                   "overrides": {"model.init_args.distill.cross_tokenizer": "exact_match",
+                                 "model.init_args.span.weight": 0.0,
+                                 "model.init_args.scrg.criterion": "first_unlikely"}},
+    "kd": {"label": "KD (same tokenizer)", "config": "kd", "overrides": {}, "cross": False},
+    "mgsr": {"label": "MGSR (same tokenizer)", "config": "mgsr", "overrides": {}, "cross": False},
+}
+# each cross-tokenizer row against the same-tokenizer row of its method (the share of its gain kept)
+SAME_TOKENIZER = {"kd_uld_cross": "kd", "kd_exact_cross": "kd", "mgsr_cross": "mgsr"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Where a benchmark (or its smoke run) keeps things, and the budget overrides of every training."""
+
+    teacher_root: Path  # tokenizer/ and teacher/ (the run; the model in teacher/hf) of the teacher side
+    runs: Path  # one run folder per row and seed, the logs, the locks
+    init_runs: Path  # <init_runs>/facts/init/seed<k>: the SFT-initialised students
+    results: Path  # runs/<name>-seed<k>.json and table.md
+    budget: tuple[str, ...] = ()
+    max_eval_examples: int | None = None
+
+    @property
+    def tokenizer(self) -> Path:
+        return self.teacher_root / "tokenizer"
+
+    @property
+    def teacher(self) -> Path:
+        return self.teacher_root / "teacher" / "hf"
+
+
+FULL = Layout(Path("artifacts/facts_xtok"), Path("runs/cross_tokenizer"), SUITE_RUNS,
+              REPO / "experiments" / "results" / "cross_tokenizer")
+SMOKE = Layout(Path("artifacts/facts_xtok_smoke"), Path("runs/cross_tokenizer_smoke"),
+               Path("runs/cross_tokenizer_smoke"), Path("runs/cross_tokenizer_smoke/results"),
+               # the adaptive regime on fresh student outputs at every step, so that SCRG through text runs
+               budget=("--trainer.max_steps=2", "--trainer.val_check_interval=2",
+                       "--model.init_args.validation.rouge_examples=8", "--model.init_args.regime.init_threshold=1.0",
+                       "--trainer.log_every_n_steps=1"),
+               max_eval_examples=8)
+
+
+def row_overrides(name: str, layout: Layout) -> tuple[str, ...]:
+    """The command-line overrides of a row: its own, then the teacher side's when it distils across tokenizers."""
+    spec = ROWS[name]
+    teacher = ()
+    if spec["cross"]:
+        teacher = (f"--model.init_args.teacher.name_or_path={layout.teacher.resolve()}",
+                   f"--data.teacher_tokenizer={layout.tokenizer.resolve()}")
+    return overrides_of(spec) + teacher
+
+
+def result_path(layout: Layout, name: str, seed: int) -> Path:
+    return layout.results / "runs" / f"{name}-seed{seed}.json"
+
+
+def read_result(layout: Layout, name: str, seed: int) -> dict | None:
+    path = result_path(layout, name, seed)
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+# --- preparation ----------------------------------------------------------------------------------------
+
+
+def setup(layout: Layout):
+    """The facts family prepared once (data, its tokenizer and teacher): (environment, test sets, evaluation
+    config, the family's folder), under a lock as parallel jobs ask for it."""
+    from mgsr_lightning.pipeline import steps
+
+    lock_path = layout.runs / "setup.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with lock_path.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        env, eval_sets, eval_config, teacher = steps.pair_setup(FAMILY, None, None, layout.max_eval_examples)
+    return env, eval_sets, eval_config, teacher.parent
+
+
+def prepare(layout: Layout) -> None:
+    """The teacher side: its tokenizer, then the facts teacher recipe trained with it; a step whose output
+    exists is skipped. Writes ``pair.json``: both vocabularies, how they tokenise the test answers, and both
+    teachers' test ROUGE-L (scored as the students are)."""
+    import torch
+
+    from mgsr_lightning.data.records import read_jsonl
+    from mgsr_lightning.data.templates import render_prompt
+    from mgsr_lightning.models.tokenizer import load_tokenizer, train_bpe_tokenizer
+    from mgsr_lightning.pipeline import steps
+    from mgsr_lightning.pipeline.tiny import EMBEDDED
+
+    torch.set_num_threads(1)
+    env, eval_sets, eval_config, root = setup(layout)
+    if not (layout.tokenizer / "tokenizer.json").is_file():
+        rows = read_jsonl(root / "data" / "train.jsonl")
+        texts = [render_prompt(row, TEACHER_TEMPLATE) + row["output"] for row in rows]
+        train_bpe_tokenizer(texts, vocab_size=TEACHER_VOCAB, save_dir=layout.tokenizer,
+                            model_max_length=EMBEDDED[FAMILY][3])
+    if not (layout.teacher / "config.json").is_file():
+        print(f"training the {FAMILY} teacher with its own tokenizer into {layout.teacher}", flush=True)
+    steps.fit(FAMILY, "teacher", layout.teacher.parent, 0, env, (
+        f"--data.tokenizer={layout.tokenizer.resolve()}",
+        f"--model.init_args.sampling.max_new_tokens={TEACHER_NEW_TOKENS}", *layout.budget))
+    student, teacher = load_tokenizer(str(root / "tokenizer")), load_tokenizer(str(layout.tokenizer))
+    answers = [row["output"] for row in read_jsonl(root / "data" / "test.jsonl")]
+    shared = set(student.get_vocab()) & set(teacher.get_vocab())
+    config = dataclasses.replace(eval_config, sampling=dataclasses.replace(eval_config.sampling,
+                                                                         max_new_tokens=TEACHER_NEW_TOKENS))
+    scores = {name: steps.evaluate(model, layout.runs / "teachers" / name, name, eval_sets, config)["avg"]
+              for name, model in (("same_tokenizer", root / "teacher"), ("own_tokenizer", layout.teacher))}
+    pair = {"student": {"tokenizer": str(root / "tokenizer"), "vocabulary": len(student),
+                        "test_answer_tokens": sum(len(student(text)["input_ids"]) for text in answers)},
+            "teacher": {"tokenizer": str(layout.tokenizer), "vocabulary": len(teacher), "model": str(layout.teacher),
+                        "test_answer_tokens": sum(len(teacher(text)["input_ids"]) for text in answers)},
+            "shared_strings": len(shared),
+            "teachers_test_rougeL": {name: avg["rougeL"] for name, avg in scores.items()}}
+    layout.results.mkdir(parents=True, exist_ok=True)
+    (layout.results / "pair.json").write_text(json.dumps(pair, indent=1) + "\n")
+    print(json.dumps(pair, indent=1))
+
+
+# --- training -------------------------------------------------------------------------------------------
+
+
+def jobs_of(names: list[str], seeds: list[int]) -> list[tuple[str, int]]:
+    """(name, seed) of every run, seed by seed (a partial benchmark has whole seeds), rows in table order."""
+    return [(name, seed) for seed in seeds for name in names]
+
+
+def pending(layout: Layout, jobs: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """The jobs without a scored result: a run whose result has its test scores is done."""
+    return [(name, seed) for name, seed in jobs if "test" not in (read_result(layout, name, seed) or {})]
+
+
+def train_one(layout: Layout, name: str, seed: int) -> None:
+    """Train (or find trained) one row on one seed in this process, score it on the test split, and write its
+    compact result."""
+    import torch
+
+    from mgsr_lightning.pipeline import steps
+
+    torch.set_num_threads(1)
+    spec = ROWS[name]
+    env, eval_sets, eval_config, _ = setup(layout)
+    init = init_overrides(FAMILY, seed, env, runs=layout.init_runs, overrides=layout.budget)
+    run_dir = layout.runs / name / f"seed{seed}"
+    student = steps.fit(FAMILY, spec["config"], run_dir, seed, env, init + row_overrides(name, layout) + layout.budget)
+    metrics = steps.evaluate(student, run_dir / "eval", name, eval_sets, eval_config)
+    seconds = run_dir / "train_seconds.txt"
+    result = {"family": FAMILY, "name": name, "label": spec["label"], "seed": seed, "config": spec["config"],
+              "overrides": list(row_overrides(name, layout) + layout.budget), "curve": validation_curve(run_dir),
+              "train_seconds": float(seconds.read_text()) if seconds.is_file() else None,
+              "test": {"rougeL": metrics["avg"]["rougeL"], "exact_match": metrics["avg"].get("exact_match"),
+                       "rougeL_per_sampling_seed": metrics["avg"].get("rougeL_per_seed"),
+                       "sampling_seeds": list(eval_config.seeds)}}
+    path = result_path(layout, name, seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1) + "\n")
+
+
+def train(layout: Layout, args: argparse.Namespace) -> None:
+    names = args.only.split(",") if args.only else list(ROWS)
+    unknown = [name for name in names if name not in ROWS]
+    if unknown:
+        sys.exit(f"unknown row {', '.join(unknown)}; the rows: {', '.join(ROWS)}")
+    prepare(layout)
+    jobs = pending(layout, jobs_of(names, args.seeds))
+    logs = layout.runs / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+
+    def launch(job: tuple[str, int]) -> int:
+        name, seed = job
+        command = [sys.executable, __file__, "one", "--name", name, "--seed", str(seed)]
+        command += ["--smoke"] if layout == SMOKE else []
+        with (logs / f"{name}-seed{seed}.log").open("a") as out:
+            code = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT,
+                                  env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}).returncode
+        print(f"{name} seed {seed}: {'done' if code == 0 else f'failed ({code})'}", flush=True)
+        return code
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        failed = sum(code != 0 for code in pool.map(launch, jobs))
+    if failed:
+        sys.exit(f"{failed} of {len(jobs)} runs failed; logs in {logs}")
+
+
+# --- table ----------------------------------------------------------------------------------------------
+
+
+def scores_of(layout: Layout, name: str) -> dict[int, float]:
+    """Test ROUGE-L (mean over the sampling seeds) of a row, per training seed that has it."""
+    scores = {}
+    for path in sorted((layout.results / "runs").glob(f"{name}-seed*.json")):
+        result = json.loads(path.read_text())
+        if "test" in result:
+            scores[result["seed"]] = result["test"]["rougeL"]
+    return scores
+
+
+def paired_gain(scores: dict[int, float], sft: dict[int, float]) -> tuple[float, float] | None:
+    """Mean and standard error of a row's differences against SFT, training seed by training seed (on the seeds
+    both have); None without a common seed."""
+    differences = [scores[seed] - sft[seed] for seed in sorted(scores) if seed in sft]
+    return mean_se(differences) if differences else None
+
+
+def render_table(layout: Layout) -> str:
+    """table.md: each row's test ROUGE-L over training seeds and its paired difference against SFT; a
+    cross-tokenizer row also its gain over SFT as a share of its method's same-tokenizer gain (where that gain is
+    positive)."""
+    scores = {name: scores_of(layout, name) for name in ROWS}
+    gains = {name: paired_gain(scores[name], scores["sft"]) for name in ROWS if name != "sft"}
+    lines = ["| Row | test ROUGE-L | − SFT (paired) | share of the same-tokenizer gain | training seeds |",
+             "|---|:---:|:---:|:---:|:---:|"]
+    for name, spec in ROWS.items():
+        if not scores[name]:
+            lines.append(f"| {spec['label']} | – | – | – | – |")
+            continue
+        mean, error = mean_se(list(scores[name].values()))
+        gain = gains.get(name)
+        difference = f"{gain[0]:+.2f} ± {gain[1]:.2f}" if gain else "–"
+        reference = gains.get(SAME_TOKENIZER.get(name, ""))
+        share = f"{gain[0] / reference[0]:.2f}" if gain and reference and reference[0] > 0 else "–"
+        lines.append(f"| {spec['label']} | {mean:.2f} ± {error:.2f} | {difference} | {share} | "
+                     f"{', '.join(str(seed) for seed in sorted(scores[name]))} |")
+    return "\n".join(lines) + "\n"
+
+
+def table(layout: Layout) -> None:
+    text = render_table(layout)
+    notes = ["", "Test ROUGE-L: per training seed the mean over facts' five sampling seeds; then mean ± standard "
+             "error over training seeds (nan with one seed). − SFT: the mean ± standard error of the seed-by-seed "
+             "differences. Share: the row's gain over SFT over the gain of its method's same-tokenizer row "
+             "(KD or MGSR). Rows and commands: README.md."]
+    layout.results.mkdir(parents=True, exist_ok=True)
+    (layout.results / "table.md").write_text(text + "\n".join(notes) + "\n")
+    print(text)
+
+
+def seed_list(text: str) -> list[int]:
+    """``--seeds 0,1,2``; argparse turns the ValueError of anything else into one line."""
+    return [int(seed) for seed in text.split(",")]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("action", choices=["prepare", "train", "one", "table"])
+    parser.add_argument("--jobs", type=int, default=2, help="trainings at once, one torch thread each")
+    parser.add_argument("--seeds", type=seed_list, default=list(TRAIN_SEEDS), help="training seeds, comma-separated")
+    parser.add_argument("--only", default=None, help=f"comma-separated rows (default: all of {', '.join(ROWS)})")
+    parser.add_argument("--smoke", action="store_true", help="the same path at a toy budget, in separate folders")
+    parser.add_argument("--name"), parser.add_argument("--seed", type=int)
+    args = parser.parse_args(argv)
+    layout = SMOKE if args.smoke else FULL
+    if args.action == "prepare":
+        prepare(layout)
+    elif args.action == "train":
+        train(layout, args)
+    elif args.action == "one":
+        train_one(layout, args.name, args.seed)
+    else:
+        table(layout)
+
+
+if __name__ == "__main__":
+    main()

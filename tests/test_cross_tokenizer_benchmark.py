@@ -1,0 +1,122 @@
+"""The runner of the cross-tokenizer benchmark (experiments/cross_tokenizer/benchmark.py) without training: its
+jobs, the rows' overrides, the skip-if-done rule, and the table from hand-made run results."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+LABELS = ["SFT", "KD, cross-tokenizer (ULD)", "KD, cross-tokenizer (exact match)", "MGSR, cross-tokenizer",
+          "KD (same tokenizer)", "MGSR (same tokenizer)"]
+
+
+@pytest.fixture(scope="module")
+def benchmark():
+    spec = importlib.util.spec_from_file_location("cross_tokenizer_benchmark",
+                                                  REPO / "experiments" / "cross_tokenizer" / "benchmark.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass resolves its annotations through it
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def layout(benchmark, tmp_path):
+    return dataclasses.replace(benchmark.FULL, teacher_root=tmp_path / "xtok", runs=tmp_path / "runs",
+                               results=tmp_path / "results")
+
+
+def write_result(layout, name: str, seed: int, rouge: float | None) -> None:
+    result = {"name": name, "seed": seed, "curve": [[100, 1.0]]}
+    if rouge is not None:
+        result["test"] = {"rougeL": rouge}
+    path = layout.results / "runs" / f"{name}-seed{seed}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result))
+
+
+def test_the_rows_and_their_jobs_seed_by_seed(benchmark):
+    assert [spec["label"] for spec in benchmark.ROWS.values()] == LABELS
+    jobs = benchmark.jobs_of(list(benchmark.ROWS), [0, 1, 2])
+    assert len(jobs) == 18 and len(set(jobs)) == 18
+    assert [seed for _, seed in jobs] == [0] * 6 + [1] * 6 + [2] * 6
+    assert [name for name, _ in jobs[:6]] == list(benchmark.ROWS)
+
+
+def test_only_the_cross_rows_read_the_teacher_with_its_own_tokenizer(benchmark, layout):
+    teacher = f"--model.init_args.teacher.name_or_path={(layout.teacher_root / 'teacher' / 'hf').resolve()}"
+    tokenizer = f"--data.teacher_tokenizer={(layout.teacher_root / 'tokenizer').resolve()}"
+    for name, spec in benchmark.ROWS.items():
+        overrides = benchmark.row_overrides(name, layout)
+        assert (teacher in overrides and tokenizer in overrides) == ("cross" in spec["label"]), name
+    assert "--model.init_args.distill.cross_tokenizer=uld" in benchmark.row_overrides("kd_uld_cross", layout)
+    assert "--model.init_args.distill.cross_tokenizer=exact_match" in benchmark.row_overrides("kd_exact_cross", layout)
+    mgsr = benchmark.row_overrides("mgsr_cross", layout)
+    assert "--model.init_args.span.weight=0.0" in mgsr and "--model.init_args.scrg.criterion=first_unlikely" in mgsr
+    assert benchmark.row_overrides("kd", layout) == benchmark.row_overrides("sft", layout) == ()
+    assert {benchmark.ROWS[name]["config"] for name in ("kd", "kd_uld_cross", "kd_exact_cross")} == {"kd"}
+    assert {benchmark.ROWS[name]["config"] for name in ("mgsr", "mgsr_cross")} == {"mgsr"}
+
+
+def test_a_scored_run_is_skipped_and_an_unscored_or_missing_one_is_not(benchmark, layout):
+    write_result(layout, "sft", 0, 40.0)
+    write_result(layout, "kd", 0, None)  # trained, not scored on the test split
+    jobs = benchmark.jobs_of(["sft", "kd", "mgsr"], [0, 1])
+    assert benchmark.pending(layout, jobs) == [("kd", 0), ("mgsr", 0), ("sft", 1), ("kd", 1), ("mgsr", 1)]
+
+
+def test_an_unknown_row_or_a_malformed_seed_list_is_refused_in_one_line_before_any_work(benchmark, capsys):
+    with pytest.raises(SystemExit, match="unknown row nope; the rows: sft, kd_uld_cross"):
+        benchmark.main(["train", "--smoke", "--only", "sft,nope"])
+    with pytest.raises(SystemExit) as stopped:
+        benchmark.main(["train", "--smoke", "--seeds", "0,one"])
+    assert stopped.value.code == 2 and "invalid seed_list value: '0,one'" in capsys.readouterr().err
+
+
+def cells_of(text: str) -> dict[str, list[str]]:
+    rows = [line.strip("|").split("|") for line in text.splitlines() if line.startswith("| ")]
+    return {cells[0].strip(): [cell.strip() for cell in cells[1:]] for cells in rows}
+
+
+def mean_and_error(values: list[float]) -> str:
+    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values) / math.sqrt(len(values)):.2f}"
+
+
+def test_table_means_paired_differences_and_shares_from_hand_made_results(benchmark, layout):
+    sft, kd, uld, mgsr, mgsr_cross = [40.1, 42.7, 39.4], [43.0, 44.9, 41.1], [41.5, 45.8], [39.0, 42.0, 39.0], \
+        [41.0, 43.3, 40.0]
+    for name, scores in (("sft", sft), ("kd", kd), ("kd_uld_cross", uld), ("mgsr", mgsr), ("mgsr_cross", mgsr_cross)):
+        for seed, score in enumerate(scores):
+            write_result(layout, name, seed, score)
+    write_result(layout, "kd_exact_cross", 0, None)  # trained, not scored: no numbers
+    table = cells_of(benchmark.render_table(layout))
+    assert list(table) == ["Row", *LABELS]
+    assert table["SFT"] == [mean_and_error(sft), "–", "–", "0, 1, 2"]
+    kd_gain = [k - s for k, s in zip(kd, sft)]
+    assert table["KD (same tokenizer)"] == [mean_and_error(kd), "+" + mean_and_error(kd_gain), "–", "0, 1, 2"]
+    uld_gain = [u - s for u, s in zip(uld, sft)]  # paired on the two seeds both have
+    share = statistics.mean(uld_gain) / statistics.mean(kd_gain)
+    assert table["KD, cross-tokenizer (ULD)"] == [mean_and_error(uld), "+" + mean_and_error(uld_gain), f"{share:.2f}",
+                                                  "0, 1"]
+    assert table["KD, cross-tokenizer (exact match)"] == ["–", "–", "–", "–"]
+    mgsr_gain = [m - s for m, s in zip(mgsr, sft)]
+    assert statistics.mean(mgsr_gain) < 0  # no share of a negative same-tokenizer gain
+    assert table["MGSR (same tokenizer)"][1] == f"{statistics.mean(mgsr_gain):+.2f} ± " \
+        f"{statistics.stdev(mgsr_gain) / math.sqrt(3):.2f}"
+    assert table["MGSR, cross-tokenizer"][2] == "–"
+
+
+def test_one_training_seed_has_no_error_bar(benchmark, layout):
+    write_result(layout, "sft", 0, 40.0)
+    write_result(layout, "kd", 0, 41.5)
+    table = cells_of(benchmark.render_table(layout))
+    assert table["SFT"][0] == "40.00 ± nan"
+    assert table["KD (same tokenizer)"][:2] == ["41.50 ± nan", "+1.50 ± nan"]
