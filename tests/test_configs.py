@@ -20,7 +20,8 @@ RUNNABLE = sorted(p for pair in PAIRS for p in (CONFIGS / pair).glob("*.yaml") i
 EXPECTED_METHODS = {
     "sft", "kd", "seqkd", "rkl", "jsd", "tvd", "imitkd", "gkd", "distillm", "abkd", "minillm", "mgsr", "mgsr_paper",
     "mgsr_base", "mgsr_scrg", "mgsr_scrg_dac", "mgsr_scrg3", "mgsr_scrg5",
-    "mgsr_scrg_on_policy", "mgsr_scrg_mixed", "mgsr_noscrg_on_policy", "mgsr_noscrg_mixed", "mgsr_noscrg_adaptive",
+    "mgsr_scrg_on_policy", "mgsr_scrg_adaptive", "mgsr_scrg_mixed", "mgsr_noscrg_on_policy", "mgsr_noscrg_mixed",
+    "mgsr_noscrg_adaptive",
     "teacher",
 }
 
@@ -61,12 +62,13 @@ EXPECTED = {
     "mgsr_base": (1.0, "ground_truth", "forward_kl", 0.0, "adaptive_off_policy", False),
     "mgsr_scrg": (1.0, "ground_truth", "forward_kl", 0.0, "adaptive_off_policy", True),
     "mgsr_scrg_dac": (1.0, "ground_truth", "dac_kl", 0.0, "adaptive_off_policy", True),
-    "abkd": (0.0, "ground_truth", "abkd", 0.0, "adaptive_off_policy", False),
+    "abkd": (1.0, "ground_truth", "abkd", 0.0, "adaptive_off_policy", False),
     "minillm": (1.0, "ground_truth", None, 0.0, "on_policy", False),  # its policy-gradient term: init["minillm"]
-    "mgsr": (1.0, "ground_truth", "dac_kl", 0.1, "adaptive_off_policy", True),
+    "mgsr": (1.0, "ground_truth", "dac_kl", 0.1, "on_policy", True),
     "mgsr_paper": (1.0, "ground_truth", "dac_kl", 1.0, "adaptive_off_policy", True),
-    "mgsr_scrg3": (1.0, "ground_truth", "dac_kl", 0.1, "adaptive_off_policy", True),
-    "mgsr_scrg5": (1.0, "ground_truth", "dac_kl", 0.1, "adaptive_off_policy", True),
+    "mgsr_scrg3": (1.0, "ground_truth", "dac_kl", 0.1, "on_policy", True),
+    "mgsr_scrg5": (1.0, "ground_truth", "dac_kl", 0.1, "on_policy", True),
+    "mgsr_scrg_adaptive": (1.0, "ground_truth", "dac_kl", 0.1, "adaptive_off_policy", True),
     "mgsr_scrg_on_policy": (1.0, "ground_truth", "dac_kl", 0.1, "on_policy", True),
     "mgsr_scrg_mixed": (1.0, "ground_truth", "dac_kl", 0.1, "mixed", True),
     "mgsr_noscrg_on_policy": (1.0, "ground_truth", "dac_kl", 0.1, "on_policy", False),
@@ -76,9 +78,8 @@ EXPECTED = {
 PARAMS = {"jsd": {"beta": 0.1}, "gkd": {"beta": 0.1}, "distillm": {"alpha": 0.1}, "abkd": {"alpha": 0.2, "beta": 0.7}}
 PAIR_PARAMS = {
     ("openllama2", "abkd"): {"alpha": 0.1, "beta": 0.8},  # ABKD's OpenLLaMA2 setting
-    ("facts", "abkd"): {"alpha": 0.5, "beta": 0.5},  # tuned on facts validation (experiments/results/facts/tuning)
 }
-PAIR_DISTILL = {("facts", "distillm"): "skew_reverse_kl"}  # DistiLLM's SRKL, tuned on facts validation
+PAIR_DISTILL: dict[tuple[str, str], str] = {}  # every pair runs each method's own distillation loss
 LMBDA = {"imitkd": 1.0, "gkd": 0.5, "mgsr_scrg_mixed": 0.5, "mgsr_noscrg_mixed": 0.5}
 N_CORRECTIONS = {"mgsr_scrg3": 3, "mgsr_scrg5": 5}  # every other method with SCRG: 1
 
@@ -211,7 +212,8 @@ def test_smollm2_student_is_cut_from_the_teacher():
     init = resolved_config(CONFIGS / "smollm2" / "mgsr.yaml")["model"]["init_args"]
     assert init["student"]["name_or_path"] == init["teacher"]["name_or_path"]
     assert init["student"]["keep_layers"] == 6 and init["teacher"]["keep_layers"] is None
-    assert init["regime"]["init_threshold"] == 0.2
+    adaptive = resolved_config(CONFIGS / "smollm2" / "mgsr_scrg_adaptive.yaml")["model"]["init_args"]
+    assert adaptive["regime"]["init_threshold"] == 0.2  # the pair's `_adaptive_`
 
 
 def test_reason_students_start_from_the_sft_initialised_student(monkeypatch, tmp_path):
