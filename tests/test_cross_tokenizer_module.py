@@ -237,7 +237,7 @@ def test_each_cross_tokenizer_example_config_gives_the_teacher_its_own_tokenizer
 
 
 def test_the_mgsr_example_runs_two_steps_across_tokenizers_on_tiny_models(tiny_assets, teacher_side, tmp_path):
-    """configs/cross_tokenizer/smollm2_to_gpt2_mgsr.yaml (DAC-KL by exact match, adaptive regime, SCRG through
+    """configs/cross_tokenizer/smollm2_to_gpt2_mgsr.yaml (DAC-KL by exact match, on-policy, SCRG through
     text) with the tiny pair in place of the hub models, fresh student outputs forced on."""
     overrides = cli_overrides(tiny_assets, "gpt2", tmp_path / "run")
     overrides.append(f'--model.init_args.teacher={{"name_or_path": "{teacher_side["teacher"]}", "dtype": "float32"}}')

@@ -55,7 +55,8 @@ def test_fsdp_policy_wraps_decoder_layers_and_the_frozen_teacher():
 def fit_ddp(assets, run_dir: Path, *extra: str) -> None:
     args = [a for a in cli_overrides(assets, "gpt2", run_dir)
             if not a.startswith(("--trainer.devices", "--trainer.strategy"))]
-    command = [sys.executable, "-m", "mgsr_lightning", "fit", "--config", str(CONFIGS / "tiny" / "mgsr.yaml"), *args,
+    config = CONFIGS / "tiny" / "mgsr_scrg_adaptive.yaml"  # the regime with per-rank replay buffers
+    command = [sys.executable, "-m", "mgsr_lightning", "fit", "--config", str(config), *args,
                "--trainer.devices=2", "--trainer.strategy=ddp", "--model.init_args.regime.init_threshold=0.6",
                "--trainer.val_check_interval=2", "--trainer.limit_val_batches=2", *extra]
     env = dict(os.environ, OMP_NUM_THREADS="1")

@@ -181,10 +181,10 @@ def test_resume_matches_an_uninterrupted_run(tiny_assets, tmp_path):
     """4 steps straight == 2 steps, stop, resume for 2 more: weights, replay buffer and threshold."""
     common = ["--trainer.max_steps=4", "--trainer.val_check_interval=2", "--model.init_args.regime.init_threshold=0.6",
               "--trainer.limit_val_batches=1"]
-    straight = fit("mgsr", tiny_assets, tmp_path / "straight", *common)
-    first = fit("mgsr", tiny_assets, tmp_path / "resumed", *common[1:], "--trainer.max_steps=2")
+    straight = fit("mgsr_scrg_adaptive", tiny_assets, tmp_path / "straight", *common)  # the regime with a buffer
+    first = fit("mgsr_scrg_adaptive", tiny_assets, tmp_path / "resumed", *common[1:], "--trainer.max_steps=2")
     ckpt = last_checkpoint(first.trainer)
-    resumed = fit("mgsr", tiny_assets, tmp_path / "resumed2", *common, f"--ckpt_path={ckpt}")
+    resumed = fit("mgsr_scrg_adaptive", tiny_assets, tmp_path / "resumed2", *common, f"--ckpt_path={ckpt}")
     assert resumed.trainer.global_step == 4
     final = [dict(cli.model.state_dict()) for cli in (straight, resumed)]
     for name, value in final[0].items():
@@ -226,14 +226,15 @@ def test_a_run_that_never_trained_on_student_outputs_says_so(tiny_assets, tmp_pa
 
     with pytest.warns(NoStudentOutputsWarning, match=r"in 2 steps \(regime adaptive_off_policy, threshold 0 at the "
                       r"start and 0 at the end\); SCRG never ran") as caught:
-        cli = fit("mgsr", tiny_assets, tmp_path / "never", "--model.init_args.regime.init_threshold=0.0")
+        cli = fit("mgsr_scrg_adaptive", tiny_assets, tmp_path / "never", "--model.init_args.regime.init_threshold=0.0")
     assert cli.model.regime.source_counts["fresh"] == 0 and cli.model.regime.source_counts["ground_truth"] == 2
     assert len([w for w in caught if w.category is NoStudentOutputsWarning]) == 1
     import warnings
 
     with warnings.catch_warnings(record=True) as recorded:
         warnings.simplefilter("always")
-        sampled = fit("mgsr", tiny_assets, tmp_path / "always", "--model.init_args.regime.init_threshold=1.0")
+        sampled = fit("mgsr_scrg_adaptive", tiny_assets, tmp_path / "always",
+                      "--model.init_args.regime.init_threshold=1.0")
     assert sampled.model.regime.source_counts["fresh"] == 2
     assert not [w for w in recorded if issubclass(w.category, NoStudentOutputsWarning)]
 

@@ -87,7 +87,7 @@ def test_a_short_run_that_never_samples_says_so(smollm2_root, tmp_path):
     from mgsr_lightning.training.regimes import NoStudentOutputsWarning
 
     with pytest.warns(NoStudentOutputsWarning, match=r"threshold 0 at the start.*SCRG never ran"):
-        cpu_fit("mgsr.yaml", smollm2_root, tmp_path, "--model.init_args.regime.init_threshold=0.0",
+        cpu_fit("mgsr_scrg_adaptive.yaml", smollm2_root, tmp_path, "--model.init_args.regime.init_threshold=0.0",
                 "--model.init_args.student.keep_layers=2")
 
 

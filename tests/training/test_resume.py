@@ -14,7 +14,8 @@ from mgsr_lightning.atomic import AtomicCheckpointIO
 from mgsr_lightning.cli.lightning_cli import run_cli
 from mgsr_lightning.training.resume import CheckpointAfterValidation
 
-CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny" / "mgsr.yaml"
+# MGSR on the adaptive regime: its replay buffer and threshold are part of the state to resume
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny" / "mgsr_scrg_adaptive.yaml"
 # validation at steps 2 and 4, a latest-state checkpoint after every step
 CALLBACKS = ('[{"class_path": "mgsr_lightning.training.resume.CheckpointAfterValidation", "init_args": '
              '{"monitor": "val/rougeL", "mode": "max", "save_top_k": 1, "filename": "best-{step}"}}, '
@@ -35,7 +36,7 @@ def fit(assets, run_dir: Path, *extra: str):
 
 
 def checkpoints(run_dir: Path) -> Path:
-    return run_dir / "mgsr" / "version_0" / "checkpoints"
+    return run_dir / "mgsr_scrg_adaptive" / "version_0" / "checkpoints"
 
 
 def assert_same(a, b, where: str = "") -> None:
