@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import AutoTokenizer
 
 from mgsr_lightning.batch import TEACHER_CACHE_KEYS, Rollout, TrainingSequences
 from mgsr_lightning.data.datamodule import InstructionDataModule
@@ -61,6 +62,16 @@ def _loss_and_gradients(module, batch, step, ground_truth, fused: bool, measure=
     return loss.detach(), {k: float(torch.as_tensor(v).detach()) for k, v in metrics.items()}, grads
 
 
+def _assert_paths_agree(module, batch, step, ground_truth):
+    """The fused step's loss and gradients equal the unfused step's, to float tolerance; returns the fused result."""
+    unfused = _loss_and_gradients(module, batch, step, ground_truth, fused=False)
+    fused = _loss_and_gradients(module, batch, step, ground_truth, fused=True)
+    torch.testing.assert_close(fused[0], unfused[0], rtol=1e-5, atol=1e-6)
+    for got, expected in zip(fused[2], unfused[2]):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6)
+    return fused
+
+
 @pytest.mark.parametrize("family", ["gpt2", "opt", "llama"])
 def test_hidden_states_through_the_head_are_the_response_logits(tiny_assets, family):
     module = _module(tiny_assets, family)
@@ -115,15 +126,11 @@ def test_a_cached_teacher_fuses_as_its_densified_logits(tiny_assets):
         rest = torch.log1p(-top.values.exp().sum(-1).clamp(max=1 - 1e-6))
     batch.update(zip(TEACHER_CACHE_KEYS, (top.indices, top.values, rest)))
     step = TrainingSequences(ground_truth, "ground_truth")
-    unfused = _loss_and_gradients(module, batch, step, ground_truth, fused=False)
-    fused = _loss_and_gradients(module, batch, step, ground_truth, fused=True)
-    torch.testing.assert_close(fused[0], unfused[0], rtol=1e-5, atol=1e-6)
-    for got, expected in zip(fused[2], unfused[2]):
-        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6)
+    _assert_paths_agree(module, batch, step, ground_truth)
 
 
 def test_a_padded_student_head_fuses_over_the_shared_vocabulary(tiny_assets, tmp_path):
-    tokenizer_size = len(__import__("transformers").AutoTokenizer.from_pretrained(str(tiny_assets["tokenizer"])))
+    tokenizer_size = len(AutoTokenizer.from_pretrained(str(tiny_assets["tokenizer"])))
     build_tiny_model("llama", tokenizer_size + 13, seed=3).save_pretrained(tmp_path / "padded")
     module = DistillLightningModule(
         student=ModelSource(name_or_path=str(tmp_path / "padded")),
@@ -136,11 +143,7 @@ def test_a_padded_student_head_fuses_over_the_shared_vocabulary(tiny_assets, tmp
     batch = _batch(tiny_assets)
     ground_truth = Rollout.from_batch(batch)
     step = TrainingSequences(ground_truth, "ground_truth")
-    unfused = _loss_and_gradients(module, batch, step, ground_truth, fused=False)
-    fused = _loss_and_gradients(module, batch, step, ground_truth, fused=True)
-    torch.testing.assert_close(fused[0], unfused[0], rtol=1e-5, atol=1e-6)
-    for got, expected in zip(fused[2], unfused[2]):
-        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6)
+    _assert_paths_agree(module, batch, step, ground_truth)
 
 
 class _OwnLogits(DistillLightningModule):
@@ -192,8 +195,6 @@ def test_a_subclass_s_own_teacher_logits_are_the_fused_step_s_teacher(tiny_asset
     batch = _batch(tiny_assets)
     ground_truth = Rollout.from_batch(batch)
     step = TrainingSequences(ground_truth, "ground_truth")
-    unfused = _loss_and_gradients(module, batch, step, ground_truth, fused=False)
-    fused = _loss_and_gradients(module, batch, step, ground_truth, fused=True)
-    torch.testing.assert_close(fused[0], unfused[0], rtol=1e-5, atol=1e-6)
+    fused = _assert_paths_agree(module, batch, step, ground_truth)
     plain = _module(tiny_assets, distill=DistillLoss())  # the same models without the override
     assert not torch.allclose(_loss_and_gradients(plain, batch, step, ground_truth, fused=True)[0], fused[0])
