@@ -27,10 +27,7 @@ import argparse
 import dataclasses
 import fcntl
 import json
-import os
-import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,7 +42,7 @@ TEACHER_NEW_TOKENS = 64
 sys.path.insert(0, str(REPO / "experiments" / "suite"))
 sys.path.insert(0, str(REPO / "experiments" / "analyses"))
 from suite import RUNS as SUITE_RUNS  # noqa: E402
-from suite import init_overrides, mean_se  # noqa: E402
+from suite import init_overrides, mean_se, run_in_processes  # noqa: E402
 from sweep import overrides_of, validation_curve  # noqa: E402
 
 # name: its row in table.md, configs/facts/<config>.yaml, command-line overrides, and the teacher side
@@ -223,23 +220,10 @@ def train(layout: Layout, args: argparse.Namespace) -> None:
         sys.exit(f"unknown row {', '.join(unknown)}; the rows: {', '.join(ROWS)}")
     prepare(layout)
     jobs = pending(layout, jobs_of(names, args.seeds))
-    logs = layout.runs / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-
-    def launch(job: tuple[str, int]) -> int:
-        name, seed = job
-        command = [sys.executable, __file__, "one", "--name", name, "--seed", str(seed)]
-        command += ["--smoke"] if layout == SMOKE else []
-        with (logs / f"{name}-seed{seed}.log").open("a") as out:
-            code = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT,
-                                  env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}).returncode
-        print(f"{name} seed {seed}: {'done' if code == 0 else f'failed ({code})'}", flush=True)
-        return code
-
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        failed = sum(code != 0 for code in pool.map(launch, jobs))
-    if failed:
-        sys.exit(f"{failed} of {len(jobs)} runs failed; logs in {logs}")
+    smoke = ["--smoke"] if layout == SMOKE else []
+    runs = [(f"{name} seed {seed}", f"{name}-seed{seed}", ["one", "--name", name, "--seed", str(seed), *smoke])
+            for name, seed in jobs]
+    run_in_processes(runs, __file__, layout.runs / "logs", args.jobs)
 
 
 # --- table ----------------------------------------------------------------------------------------------

@@ -132,26 +132,32 @@ def train(grid: dict, args: argparse.Namespace) -> None:
     jobs = jobs_of(grid, args.phase, families)
     if args.only:
         jobs = [job for job in jobs if job[1] in args.only.split(",")]
-    logs = RUNS / "logs"
+    pending = [(family, name, seed, test) for family, name, seed, test in jobs
+               if (done := read_result(family, name, seed)) is None or (test and "test" not in done)]
+    run_in_processes([(f"{family}/{name} seed {seed}", f"{family}-{name}-seed{seed}",
+                       ["one", "--family", family, "--name", name, "--seed", str(seed), "--phase", args.phase]
+                       + (["--test"] if test else [])) for family, name, seed, test in pending],
+                     __file__, RUNS / "logs", args.jobs)
+
+
+def run_in_processes(runs: list[tuple[str, str, list[str]]], script: str, logs: Path, jobs: int) -> None:
+    """Each run ``(label, log name, arguments)`` as ``python <script> <arguments>`` in its own process with one torch
+    thread, ``jobs`` at a time, its output appended to ``logs/<log name>.log``; a line per run as it ends, and exit
+    with a message when any failed."""
     logs.mkdir(parents=True, exist_ok=True)
 
-    def launch(job: tuple[str, str, int, bool]) -> int:
-        family, name, seed, test = job
-        done = read_result(family, name, seed)
-        if done is not None and (not test or "test" in done):
-            return 0
-        command = [sys.executable, __file__, "one", "--family", family, "--name", name, "--seed", str(seed),
-                   "--phase", args.phase] + (["--test"] if test else [])
-        with (logs / f"{family}-{name}-seed{seed}.log").open("a") as out:
-            code = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT,
+    def launch(run: tuple[str, str, list[str]]) -> int:
+        label, log_name, arguments = run
+        with (logs / f"{log_name}.log").open("a") as out:
+            code = subprocess.run([sys.executable, script, *arguments], stdout=out, stderr=subprocess.STDOUT,
                                   env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}).returncode
-        print(f"{family}/{name} seed {seed}: {'done' if code == 0 else f'failed ({code})'}", flush=True)
+        print(f"{label}: {'done' if code == 0 else f'failed ({code})'}", flush=True)
         return code
 
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        failed = sum(code != 0 for code in pool.map(launch, jobs))
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        failed = sum(code != 0 for code in pool.map(launch, runs))
     if failed:
-        sys.exit(f"{failed} of {len(jobs)} runs failed; logs in {logs}")
+        sys.exit(f"{failed} of {len(runs)} runs failed; logs in {logs}")
 
 
 # --- screening ------------------------------------------------------------------------------------------
