@@ -1,5 +1,6 @@
 """The runner of the cross-tokenizer benchmark (experiments/cross_tokenizer/benchmark.py) without training: its
-jobs, the rows' overrides, the skip-if-done rule, and the table from hand-made run results."""
+jobs, the rows' overrides, the skip-if-done rule, the suite's runs standing for the same fits, and the table from
+hand-made run results."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def benchmark():
 @pytest.fixture
 def layout(benchmark, tmp_path):
     return dataclasses.replace(benchmark.FULL, teacher_root=tmp_path / "xtok", runs=tmp_path / "runs",
-                               results=tmp_path / "results")
+                               results=tmp_path / "results", shares_suite_runs=False)
 
 
 def write_result(layout, name: str, seed: int, rouge: float | None) -> None:
@@ -99,14 +100,14 @@ def test_table_means_paired_differences_and_shares_from_hand_made_results(benchm
     write_result(layout, "kd_exact_cross", 0, None)  # trained, not scored: no numbers
     table = cells_of(benchmark.render_table(layout))
     assert list(table) == ["Row", *LABELS]
-    assert table["SFT"] == [mean_and_error(sft), "–", "–", "0, 1, 2"]
+    assert table["SFT"] == [mean_and_error(sft), "–", "–", "0, 1, 2", "–"]
     kd_gain = [k - s for k, s in zip(kd, sft)]
-    assert table["KD (same tokenizer)"] == [mean_and_error(kd), "+" + mean_and_error(kd_gain), "–", "0, 1, 2"]
+    assert table["KD (same tokenizer)"] == [mean_and_error(kd), "+" + mean_and_error(kd_gain), "–", "0, 1, 2", "–"]
     uld_gain = [u - s for u, s in zip(uld, sft)]  # paired on the two seeds both have
     share = statistics.mean(uld_gain) / statistics.mean(kd_gain)
     assert table["KD, cross-tokenizer (ULD)"] == [mean_and_error(uld), "+" + mean_and_error(uld_gain), f"{share:.2f}",
-                                                  "0, 1"]
-    assert table["KD, cross-tokenizer (exact match)"] == ["–", "–", "–", "–"]
+                                                  "0, 1", "–"]
+    assert table["KD, cross-tokenizer (exact match)"] == ["–", "–", "–", "–", "–"]
     mgsr_gain = [m - s for m, s in zip(mgsr, sft)]
     assert statistics.mean(mgsr_gain) < 0  # no share of a negative same-tokenizer gain
     assert table["MGSR (same tokenizer)"][1] == f"{statistics.mean(mgsr_gain):+.2f} ± " \
@@ -120,3 +121,31 @@ def test_one_training_seed_has_no_error_bar(benchmark, layout):
     table = cells_of(benchmark.render_table(layout))
     assert table["SFT"][0] == "40.00 ± nan"
     assert table["KD (same tokenizer)"][:2] == ["41.50 ± nan", "+1.50 ± nan"]
+
+
+def test_the_suites_scored_runs_stand_for_the_same_fits_and_the_benchmarks_own_result_comes_first(
+        benchmark, layout, monkeypatch):
+    suite = {("sft", 0): 40.0, ("sft", 1): 41.0, ("kd", 0): 42.5, ("kd", 1): None, ("mgsr_on_policy", 0): 43.0}
+    asked = []
+
+    def read_suite_result(family, name, seed):
+        asked.append((family, name, seed))
+        if suite.get((name, seed), "absent") == "absent":
+            return None
+        result = {"name": name, "seed": seed, "curve": [[100, 1.0]]}
+        return result if suite[(name, seed)] is None else {**result, "test": {"rougeL": suite[(name, seed)]}}
+
+    monkeypatch.setattr(benchmark, "read_suite_result", read_suite_result)
+    assert benchmark.read_result(layout, "sft", 0) is None  # this layout does not share the suite's runs
+    shared = dataclasses.replace(layout, shares_suite_runs=True)
+    assert benchmark.read_result(shared, "sft", 0)["from_suite"] == "sft"
+    assert benchmark.read_result(shared, "kd", 1) is None  # trained by the suite, not scored: not a result
+    assert benchmark.read_result(shared, "kd_uld_cross", 0) is None  # a cross row has no suite run
+    assert {name for _, name, _ in asked} == {"sft", "kd"} and {family for family, _, _ in asked} == {"facts"}
+    write_result(shared, "sft", 1, 39.0)  # the benchmark's own run of the fit comes first
+    jobs = benchmark.jobs_of(["sft", "kd", "mgsr"], [0, 1])
+    assert benchmark.pending(shared, jobs) == [("kd", 1), ("mgsr", 1)]
+    table = cells_of(benchmark.render_table(shared))
+    assert table["SFT"] == [mean_and_error([40.0, 39.0]), "–", "–", "0, 1", "0"]
+    assert table["KD (same tokenizer)"][1:] == ["+2.50 ± nan", "–", "0", "0"]
+    assert table["MGSR (same tokenizer)"][1:] == ["+3.00 ± nan", "–", "0", "0"]

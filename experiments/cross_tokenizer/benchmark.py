@@ -13,6 +13,11 @@ the test split with facts' five sampling seeds; its compact result (validation c
 ROUGE-L) is written to ``experiments/results/cross_tokenizer/runs/<name>-seed<k>.json``, which ``table``
 reads. A run whose result exists is skipped; a half-trained one resumes from its last checkpoint.
 
+The SFT row and the same-tokenizer rows are, fit for fit, runs of the suite's test phase (the same config, the
+same SFT-initialised student and seed, the same scoring): where the suite has scored one
+(``experiments/results/suite/runs/facts/<its name>-seed<k>.json``) the benchmark reads it instead of training
+it again, and says so in ``table.md``'s ``from the suite`` column.
+
     python experiments/cross_tokenizer/benchmark.py prepare
     python experiments/cross_tokenizer/benchmark.py train --jobs 2 [--seeds 0,1,2] [--only kd_uld_cross]
     python experiments/cross_tokenizer/benchmark.py table
@@ -43,24 +48,29 @@ sys.path.insert(0, str(REPO / "experiments" / "suite"))
 sys.path.insert(0, str(REPO / "experiments" / "analyses"))
 from suite import RUNS as SUITE_RUNS  # noqa: E402
 from suite import init_overrides, mean_se, run_in_processes  # noqa: E402
+from suite import read_result as read_suite_result  # noqa: E402
 from sweep import overrides_of, validation_curve  # noqa: E402
 
 # name: its row in table.md, configs/facts/<config>.yaml, command-line overrides, and the teacher side
-# (``cross``: the teacher trained with its own tokenizer; otherwise the facts teacher, when the method has one)
+# (``cross``: the teacher trained with its own tokenizer; otherwise the facts teacher, when the method has one);
+# ``suite``: the suite's run that is the same fit (configs/facts/mgsr.yaml is the suite's mgsr_scrg_on_policy.yaml
+# since the suite chose the on-policy regime; the two differ in names and folders only)
 ROWS: dict[str, dict] = {
-    "sft": {"label": "SFT", "config": "sft", "overrides": {}, "cross": False},
+    "sft": {"label": "SFT", "config": "sft", "overrides": {}, "cross": False, "suite": "sft"},
     "kd_uld_cross": {"label": "KD, cross-tokenizer (ULD)", "config": "kd", "cross": True,
                      "overrides": {"model.init_args.distill.cross_tokenizer": "uld"}},
     "kd_exact_cross": {"label": "KD, cross-tokenizer (exact match)", "config": "kd", "cross": True,
                        "overrides": {"model.init_args.distill.cross_tokenizer": "exact_match"}},
-    # MGSR's default objective (DAC-KL's rest variant over alpha-beta, adaptive off-policy, SCRG) with DAC-KL by
-    # exact match and SCRG through text; the span term (weight 0.1 by default) does not work across tokenizers
+    # MGSR's default (DAC-KL's rest variant over alpha-beta, on fresh student outputs at every step, SCRG) with
+    # DAC-KL by exact match and SCRG through text; the span term (weight 0.1 by default) does not work across
+    # tokenizers
     "mgsr_cross": {"label": "MGSR, cross-tokenizer", "config": "mgsr", "cross": True,
                    "overrides": {"model.init_args.distill.cross_tokenizer": "exact_match",
                                  "model.init_args.span.weight": 0.0,
                                  "model.init_args.scrg.criterion": "first_unlikely"}},
-    "kd": {"label": "KD (same tokenizer)", "config": "kd", "overrides": {}, "cross": False},
-    "mgsr": {"label": "MGSR (same tokenizer)", "config": "mgsr", "overrides": {}, "cross": False},
+    "kd": {"label": "KD (same tokenizer)", "config": "kd", "overrides": {}, "cross": False, "suite": "kd"},
+    "mgsr": {"label": "MGSR (same tokenizer)", "config": "mgsr", "overrides": {}, "cross": False,
+             "suite": "mgsr_on_policy"},
 }
 # each cross-tokenizer row against the same-tokenizer row of its method (the share of its gain kept)
 SAME_TOKENIZER = {"kd_uld_cross": "kd", "kd_exact_cross": "kd", "mgsr_cross": "mgsr"}
@@ -76,6 +86,7 @@ class Layout:
     results: Path  # runs/<name>-seed<k>.json and table.md
     budget: tuple[str, ...] = ()
     max_eval_examples: int | None = None
+    shares_suite_runs: bool = True  # the suite's scored runs stand for the rows that are the same fit
 
     @property
     def tokenizer(self) -> Path:
@@ -94,7 +105,7 @@ SMOKE = Layout(Path("artifacts/facts_xtok_smoke"), Path("runs/cross_tokenizer_sm
                budget=("--trainer.max_steps=2", "--trainer.val_check_interval=2",
                        "--model.init_args.validation.rouge_examples=8", "--model.init_args.regime.init_threshold=1.0",
                        "--trainer.log_every_n_steps=1"),
-               max_eval_examples=8)
+               max_eval_examples=8, shares_suite_runs=False)
 
 
 def row_overrides(name: str, layout: Layout) -> tuple[str, ...]:
@@ -112,8 +123,14 @@ def result_path(layout: Layout, name: str, seed: int) -> Path:
 
 
 def read_result(layout: Layout, name: str, seed: int) -> dict | None:
+    """A row's result on one seed: its own, else (when scored) the suite's run that is the same fit, marked
+    ``from_suite``."""
     path = result_path(layout, name, seed)
-    return json.loads(path.read_text()) if path.is_file() else None
+    if path.is_file():
+        return json.loads(path.read_text())
+    suite_name = ROWS[name].get("suite") if layout.shares_suite_runs else None
+    shared = read_suite_result(FAMILY, suite_name, seed) if suite_name else None
+    return {**shared, "from_suite": suite_name} if shared and "test" in shared else None
 
 
 # --- preparation ----------------------------------------------------------------------------------------
@@ -231,12 +248,13 @@ def train(layout: Layout, args: argparse.Namespace) -> None:
 
 def scores_of(layout: Layout, name: str) -> dict[int, float]:
     """Test ROUGE-L (mean over the sampling seeds) of a row, per training seed that has it."""
-    scores = {}
-    for path in sorted((layout.results / "runs").glob(f"{name}-seed*.json")):
-        result = json.loads(path.read_text())
-        if "test" in result:
-            scores[result["seed"]] = result["test"]["rougeL"]
-    return scores
+    results = {seed: read_result(layout, name, seed) for seed in TRAIN_SEEDS}
+    return {seed: result["test"]["rougeL"] for seed, result in results.items() if result and "test" in result}
+
+
+def suite_seeds(layout: Layout, name: str) -> list[int]:
+    """The training seeds on which a row's result is the suite's run."""
+    return [seed for seed in TRAIN_SEEDS if (read_result(layout, name, seed) or {}).get("from_suite")]
 
 
 def paired_gain(scores: dict[int, float], sft: dict[int, float]) -> tuple[float, float] | None:
@@ -252,19 +270,21 @@ def render_table(layout: Layout) -> str:
     positive)."""
     scores = {name: scores_of(layout, name) for name in ROWS}
     gains = {name: paired_gain(scores[name], scores["sft"]) for name in ROWS if name != "sft"}
-    lines = ["| Row | test ROUGE-L | − SFT (paired) | share of the same-tokenizer gain | training seeds |",
-             "|---|:---:|:---:|:---:|:---:|"]
+    lines = ["| Row | test ROUGE-L | − SFT (paired) | share of the same-tokenizer gain | training seeds |"
+             " from the suite |", "|---|:---:|:---:|:---:|:---:|:---:|"]
     for name, spec in ROWS.items():
         if not scores[name]:
-            lines.append(f"| {spec['label']} | – | – | – | – |")
+            lines.append(f"| {spec['label']} | – | – | – | – | – |")
             continue
         mean, error = mean_se(list(scores[name].values()))
         gain = gains.get(name)
         difference = f"{gain[0]:+.2f} ± {gain[1]:.2f}" if gain else "–"
         reference = gains.get(SAME_TOKENIZER.get(name, ""))
         share = f"{gain[0] / reference[0]:.2f}" if gain and reference and reference[0] > 0 else "–"
+        shared = suite_seeds(layout, name)
         lines.append(f"| {spec['label']} | {mean:.2f} ± {error:.2f} | {difference} | {share} | "
-                     f"{', '.join(str(seed) for seed in sorted(scores[name]))} |")
+                     f"{', '.join(str(seed) for seed in sorted(scores[name]))} | "
+                     f"{', '.join(str(seed) for seed in shared) or '–'} |")
     return "\n".join(lines) + "\n"
 
 
@@ -273,7 +293,8 @@ def table(layout: Layout) -> None:
     notes = ["", "Test ROUGE-L: per training seed the mean over facts' five sampling seeds; then mean ± standard "
              "error over training seeds (nan with one seed). − SFT: the mean ± standard error of the seed-by-seed "
              "differences. Share: the row's gain over SFT over the gain of its method's same-tokenizer row "
-             "(KD or MGSR). Rows and commands: README.md."]
+             "(KD or MGSR). From the suite: the training seeds whose run is the suite's test-phase run of the same fit "
+             "(experiments/results/suite/runs/facts/), read rather than trained again. Rows and commands: README.md."]
     layout.results.mkdir(parents=True, exist_ok=True)
     (layout.results / "table.md").write_text(text + "\n".join(notes) + "\n")
     print(text)
