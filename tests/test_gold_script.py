@@ -153,6 +153,24 @@ def test_no_trl_interpreter_is_the_reason(gold, pair, tmp_path, capsys):
     assert json.loads((out / "gold.json").read_text())["reason"].startswith("no TRL interpreter at")
 
 
+def test_relative_paths_reach_gold_from_any_working_directory(gold, pair, tmp_path, monkeypatch, capsys):
+    """GOLD's process runs where the command was given: the relative --out (its worker spec inside) resolves."""
+    stand_ins = tmp_path / "bin"
+    stand_ins.mkdir()
+    python = stand_ins / "python"  # $3: the worker spec's path, as gold.py passes it
+    python.write_text('#!/bin/sh\nif [ -f "$3" ]; then echo "FAILED spec found at $3"; else echo "FAILED no spec"; fi\n'
+                      "exit 1\n")
+    python.chmod(0o755)
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    argv = ["--teacher", str(pair / "teacher"), "--student", str(pair / "student"), "--data", str(pair / "data"),
+            "--steps", "3", "--batch-size", "2", "--out", "out", "--trl-python", str(python)]
+    err = one_line_error(gold, argv, capsys)
+    assert "spec found at out/gold_worker.json" in err
+    assert (work / "out" / "gold.json").is_file()
+
+
 @pytest.mark.slow
 def test_gold_trains_and_is_scored_on_a_tiny_cross_tokenizer_pair(tmp_path):
     if not TRL_PYTHON.is_file():

@@ -206,8 +206,9 @@ def run_gold(args: argparse.Namespace, spec_path: Path, log_path: Path) -> dict:
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                TOKENIZERS_PARALLELISM="false", PYTHONWARNINGS="ignore")
     env.pop("PYTHONPATH", None)  # TRL's venv, not this project's packages
+    # the caller's working directory: the paths given on the command line are relative to it
     done = subprocess.run([str(python), str(Path(__file__).resolve()), "--worker", str(spec_path)],
-                          capture_output=True, text=True, env=env, cwd=REPO)
+                          capture_output=True, text=True, env=env)
     log_path.write_text(done.stdout + "\n---- stderr ----\n" + done.stderr)
     return worker_result(done.returncode, done.stdout, done.stderr)
 
@@ -234,7 +235,7 @@ def evaluate(args: argparse.Namespace, model: Path, out: Path) -> dict:
     if args.max_eval_examples is not None:
         command += ["--max_examples", str(args.max_eval_examples)]
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    done = subprocess.run(command, env=env, cwd=REPO)
+    done = subprocess.run(command, env=env)
     if done.returncode != 0:
         raise EvaluationFailed(f"the evaluation of {model} exited with status {done.returncode} (its line above)")
     return json.loads((out / "metrics.json").read_text())
