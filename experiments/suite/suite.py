@@ -341,8 +341,12 @@ def part_specs(grid: dict, winner: str, family: str = "facts") -> dict[str, dict
     target = PAPER if params.get("variant", "rest") != PAPER["variant"] else LIBRARY
     swapped("variant", "model.init_args.distill.params", {**params, "variant": target["variant"]})
     target = PAPER if params.get("base") != PAPER["base"][0] else LIBRARY
-    swapped("base", "model.init_args.distill.params",
-            {**params, "base": target["base"][0], "base_params": target["base"][1]})
+    # no base_params key for a base without parameters (forward KL): the command line would make a null the
+    # string 'None' (mgsr_fkl's amendment); the command-line mapping replaces the config's whole mapping
+    base = {key: value for key, value in params.items() if key != "base_params"} | {"base": target["base"][0]}
+    if target["base"][1] is not None:
+        base["base_params"] = target["base"][1]
+    swapped("base", "model.init_args.distill.params", base)
     target = PAPER if bounds != PAPER["band"] else LIBRARY
     swapped("band", "model.init_args.distill.clip_net", {**args["distill"].get("clip_net", {}),
                                                          "init_bounds": target["band"]})
