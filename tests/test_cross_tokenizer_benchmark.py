@@ -123,8 +123,26 @@ def test_one_training_seed_has_no_error_bar(benchmark, layout):
     assert table["KD (same tokenizer)"][:2] == ["41.50 ± nan", "+1.50 ± nan"]
 
 
+def save_weights(folder: Path, seed: int, nudge: float = 0.0) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    generator = torch.Generator().manual_seed(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({"w": torch.randn(3, 4, generator=generator) + nudge, "b": torch.zeros(4)}, folder / "model.safetensors")
+
+
+def test_the_init_students_are_compared_tensor_by_tensor(benchmark, tmp_path):
+    save_weights(tmp_path / "a", 0), save_weights(tmp_path / "b", 0)
+    save_weights(tmp_path / "c", 0, nudge=1e-7), save_weights(tmp_path / "d", 1)
+    assert benchmark.same_weights(tmp_path / "a", tmp_path / "b")
+    assert not benchmark.same_weights(tmp_path / "a", tmp_path / "c")
+    assert not benchmark.same_weights(tmp_path / "a", tmp_path / "d")
+    assert not benchmark.same_weights(tmp_path / "a", tmp_path / "missing")
+
+
 def test_the_suites_scored_runs_stand_for_the_same_fits_and_the_benchmarks_own_result_comes_first(
-        benchmark, layout, monkeypatch):
+        benchmark, layout, monkeypatch, tmp_path):
     suite = {("sft", 0): 40.0, ("sft", 1): 41.0, ("kd", 0): 42.5, ("kd", 1): None, ("mgsr_on_policy", 0): 43.0}
     asked = []
 
@@ -136,8 +154,12 @@ def test_the_suites_scored_runs_stand_for_the_same_fits_and_the_benchmarks_own_r
         return result if suite[(name, seed)] is None else {**result, "test": {"rougeL": suite[(name, seed)]}}
 
     monkeypatch.setattr(benchmark, "read_suite_result", read_suite_result)
+    monkeypatch.setattr(benchmark, "SUITE_RUNS", tmp_path / "suite_runs")
+    shared = dataclasses.replace(layout, init_runs=tmp_path / "own_runs", shares_suite_runs=True)
+    for runs in (benchmark.SUITE_RUNS, shared.init_runs):  # both SFT-initialised students of seeds 0 and 1
+        for seed in (0, 1):
+            save_weights(runs / "facts" / "init" / f"seed{seed}" / "hf", seed)
     assert benchmark.read_result(layout, "sft", 0) is None  # this layout does not share the suite's runs
-    shared = dataclasses.replace(layout, shares_suite_runs=True)
     assert benchmark.read_result(shared, "sft", 0)["from_suite"] == "sft"
     assert benchmark.read_result(shared, "kd", 1) is None  # trained by the suite, not scored: not a result
     assert benchmark.read_result(shared, "kd_uld_cross", 0) is None  # a cross row has no suite run
@@ -149,3 +171,5 @@ def test_the_suites_scored_runs_stand_for_the_same_fits_and_the_benchmarks_own_r
     assert table["SFT"] == [mean_and_error([40.0, 39.0]), "–", "–", "0, 1", "0"]
     assert table["KD (same tokenizer)"][1:] == ["+2.50 ± nan", "–", "0", "0"]
     assert table["MGSR (same tokenizer)"][1:] == ["+3.00 ± nan", "–", "0", "0"]
+    save_weights(shared.init_runs / "facts" / "init" / "seed0" / "hf", 0, nudge=1e-3)  # another init student
+    assert benchmark.read_result(shared, "kd", 0) is None and benchmark.read_result(shared, "sft", 1)["seed"] == 1

@@ -6,7 +6,7 @@ the student's facts tokenizer learnt 2,048 asked (1,082 reached: the facts lexic
 the Alpaca rendering; so the two vocabularies differ both ways and the teacher cuts rarer names into pieces
 ("Bulen" -> "B", "ul", "en"). It trains by the facts teacher recipe (configs/facts/teacher.yaml, the same
 1,600 steps on all 30,000 rows). The student side is the facts tokenizer and the facts SFT-initialised
-student of each training seed, shared with the suite (``runs/suite/facts/init/seed<k>``).
+student of each training seed (``runs/cross_tokenizer/facts/init/seed<k>``, by the suite's recipe).
 
 Every row is one ``fit`` of configs/facts/<config>.yaml from that student at facts' step budget, scored on
 the test split with facts' five sampling seeds; its compact result (validation curve, training seconds, test
@@ -14,9 +14,10 @@ ROUGE-L) is written to ``experiments/results/cross_tokenizer/runs/<name>-seed<k>
 reads. A run whose result exists is skipped; a half-trained one resumes from its last checkpoint.
 
 The SFT row and the same-tokenizer rows are, fit for fit, runs of the suite's test phase (the same config, the
-same SFT-initialised student and seed, the same scoring): where the suite has scored one
-(``experiments/results/suite/runs/facts/<its name>-seed<k>.json``) the benchmark reads it instead of training
-it again, and says so in ``table.md``'s ``from the suite`` column.
+same seed, the same scoring) once the SFT-initialised student is the same: where the benchmark's init student of
+a seed holds the very weights of the suite's (``runs/suite/facts/init/seed<k>``, compared tensor by tensor) and the
+suite has scored the run (``experiments/results/suite/runs/facts/<its name>-seed<k>.json``), the benchmark reads
+it instead of training it again, and says so in ``table.md``'s ``from the suite`` column.
 
     python experiments/cross_tokenizer/benchmark.py prepare
     python experiments/cross_tokenizer/benchmark.py train --jobs 2 [--seeds 0,1,2] [--only kd_uld_cross]
@@ -97,7 +98,7 @@ class Layout:
         return self.teacher_root / "teacher" / "hf"
 
 
-FULL = Layout(Path("artifacts/facts_xtok"), Path("runs/cross_tokenizer"), SUITE_RUNS,
+FULL = Layout(Path("artifacts/facts_xtok"), Path("runs/cross_tokenizer"), Path("runs/cross_tokenizer"),
               REPO / "experiments" / "results" / "cross_tokenizer")
 SMOKE = Layout(Path("artifacts/facts_xtok_smoke"), Path("runs/cross_tokenizer_smoke"),
                Path("runs/cross_tokenizer_smoke"), Path("runs/cross_tokenizer_smoke/results"),
@@ -122,15 +123,34 @@ def result_path(layout: Layout, name: str, seed: int) -> Path:
     return layout.results / "runs" / f"{name}-seed{seed}.json"
 
 
+def same_weights(first: Path, second: Path) -> bool:
+    """Whether two exported models (``model.safetensors`` folders) hold the same tensors, bit for bit."""
+    import torch
+    from safetensors.torch import load_file
+
+    if not ((first / "model.safetensors").is_file() and (second / "model.safetensors").is_file()):
+        return False
+    a, b = load_file(first / "model.safetensors"), load_file(second / "model.safetensors")
+    return a.keys() == b.keys() and all(a[key].dtype == b[key].dtype and torch.equal(a[key], b[key]) for key in a)
+
+
+def init_is_suites(layout: Layout, seed: int) -> bool:
+    """Whether this layout's SFT-initialised student of ``seed`` is the suite's, weight for weight."""
+    return same_weights(layout.init_runs / FAMILY / "init" / f"seed{seed}" / "hf",
+                        SUITE_RUNS / FAMILY / "init" / f"seed{seed}" / "hf")
+
+
 def read_result(layout: Layout, name: str, seed: int) -> dict | None:
-    """A row's result on one seed: its own, else (when scored) the suite's run that is the same fit, marked
-    ``from_suite``."""
+    """A row's result on one seed: its own, else (when scored, and when both start from the same SFT-initialised
+    student) the suite's run that is the same fit, marked ``from_suite``."""
     path = result_path(layout, name, seed)
     if path.is_file():
         return json.loads(path.read_text())
     suite_name = ROWS[name].get("suite") if layout.shares_suite_runs else None
     shared = read_suite_result(FAMILY, suite_name, seed) if suite_name else None
-    return {**shared, "from_suite": suite_name} if shared and "test" in shared else None
+    if not (shared and "test" in shared and init_is_suites(layout, seed)):
+        return None
+    return {**shared, "from_suite": suite_name}
 
 
 # --- preparation ----------------------------------------------------------------------------------------
@@ -294,7 +314,8 @@ def table(layout: Layout) -> None:
              "error over training seeds (nan with one seed). − SFT: the mean ± standard error of the seed-by-seed "
              "differences. Share: the row's gain over SFT over the gain of its method's same-tokenizer row "
              "(KD or MGSR). From the suite: the training seeds whose run is the suite's test-phase run of the same fit "
-             "(experiments/results/suite/runs/facts/), read rather than trained again. Rows and commands: README.md."]
+             "(experiments/results/suite/runs/facts/; the same SFT-initialised weights, bit for bit), read rather "
+             "than trained again. Rows and commands: README.md."]
     layout.results.mkdir(parents=True, exist_ok=True)
     (layout.results / "table.md").write_text(text + "\n".join(notes) + "\n")
     print(text)
