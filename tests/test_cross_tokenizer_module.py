@@ -155,6 +155,20 @@ def test_forward_kl_to_an_empty_rest_entry_is_refused_in_one_line(tiny_assets, t
         module.configure_model()
 
 
+@pytest.mark.parametrize("sft_weight", [0.0, 1.0])
+def test_uld_without_the_cross_entropy_term_warns(tiny_assets, teacher_side, sft_weight, recwarn):
+    module = DistillLightningModule(
+        student=ModelSource(name_or_path=str(tiny_assets["models"]["gpt2"]["student"])),
+        teacher=ModelSource(name_or_path=str(teacher_side["teacher"])),
+        tokenizer=str(tiny_assets["tokenizer"]), teacher_tokenizer=str(teacher_side["tokenizer"]),
+        distill=DistillLoss(cross_tokenizer="uld"), sft_weight=sft_weight,
+    )
+    module.configure_model()
+    warned = [str(w.message) for w in recwarn if "ULD compares" in str(w.message)]
+    assert len(warned) == (1 if sft_weight == 0 else 0)
+    assert not warned or "set model.init_args.sft_weight" in warned[0]
+
+
 def test_mgsr_with_scrg_through_text_trains_on_student_rollouts(tiny_assets, teacher_side, tmp_path):
     """SCRG across tokenizers: with the teacher finding an error in nearly every row of an untrained student's
     samples (first_unlikely below 0.5), rows are corrected through text and re-generated, and two steps train."""
