@@ -32,7 +32,8 @@ def benchmark():
 @pytest.fixture
 def layout(benchmark, tmp_path):
     return dataclasses.replace(benchmark.FULL, teacher_root=tmp_path / "xtok", runs=tmp_path / "runs",
-                               results=tmp_path / "results", shares_suite_runs=False)
+                               results=tmp_path / "results", init_runs=tmp_path / "init_runs",
+                               shares_suite_runs=False)
 
 
 def write_result(layout, name: str, seed: int, rouge: float | None) -> None:
@@ -173,3 +174,17 @@ def test_the_suites_scored_runs_stand_for_the_same_fits_and_the_benchmarks_own_r
     assert table["MGSR (same tokenizer)"][1:] == ["+3.00 ± nan", "–", "0", "0"]
     save_weights(shared.init_runs / "facts" / "init" / "seed0" / "hf", 0, nudge=1e-3)  # another init student
     assert benchmark.read_result(shared, "kd", 0) is None and benchmark.read_result(shared, "sft", 1)["seed"] == 1
+
+
+def test_init_as_is_takes_an_exported_init_student_without_training_or_checking_it(benchmark, layout, monkeypatch):
+    trained = []
+    monkeypatch.setattr(benchmark, "init_overrides", lambda *args, **kwargs: trained.append(args) or ("--trained",))
+    exported = layout.init_runs / "facts" / "init" / "seed0" / "hf"
+    exported.mkdir(parents=True)
+    (exported / "config.json").write_text("{}")
+    (override,) = benchmark.init_student(layout, 0, {}, as_is=True)
+    assert override.startswith("--model.init_args.student=") and str(exported.resolve()) in override
+    assert not trained
+    assert benchmark.init_student(layout, 0, {}) == ("--trained",)  # otherwise the suite's recipe decides
+    assert benchmark.init_student(layout, 1, {}, as_is=True) == ("--trained",)  # nothing exported: trained
+    assert len(trained) == 2
