@@ -79,3 +79,14 @@ def test_the_table_gives_each_family_and_the_mean_paired_gain_over_sft(suite, tm
     tiny = [s + o for s, o in zip(sft["tiny"], offsets["tiny"])]
     assert f"| {statistics.fmean(tiny):.2f} ± {statistics.stdev(tiny) / math.sqrt(3):.2f} |" in mgsr
     assert "| KD | – | – | – | – |" in table  # not trained: a dash, never a number
+
+
+def test_a_part_swaps_test_cell_is_the_difference_with_its_sampling_seed_error(suite):
+    ours, theirs = [50.0, 51.0, 49.5, 50.5, 52.0], [49.0, 50.5, 49.0, 51.0, 50.0]
+    differences = [a - b for a, b in zip(ours, theirs)]
+    error = statistics.stdev(differences) / math.sqrt(len(differences))
+    cell = suite["test_difference"]({"rougeL": statistics.mean(ours), "per_seed": ours},
+                                    {"rougeL": statistics.mean(theirs), "per_seed": theirs})
+    assert cell == f"{statistics.mean(differences):+.2f} ± {error:.2f}"
+    # without the per-seed scores of both runs: the difference alone
+    assert suite["test_difference"]({"rougeL": 50.0, "per_seed": None}, {"rougeL": 49.0, "per_seed": theirs}) == "+1.00"
