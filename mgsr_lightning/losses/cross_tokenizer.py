@@ -23,17 +23,31 @@ in descending order, the smaller vocabulary zero-padded to the larger:
 
     ULD = Σ_k | g_s(k) − g_t(k) |,   g_(k) the k-th largest value, 0 beyond the vocabulary's size
 
-**Exact match** (:func:`exact_match_loss`): the ``S`` token strings both vocabularies hold (a map
-``student_shared_ids [S] ↔ teacher_shared_ids [S]``, :mod:`mgsr_lightning.cross_tokenizer.vocabulary_map`)
-are compared entry by entry, and everything else is one "rest" entry per side:
+**Exact match** (:func:`exact_match_loss`): the group's own text is one entry on both sides, the ``S``
+token strings both vocabularies hold (a map ``student_shared_ids [S] ↔ teacher_shared_ids [S]``,
+:mod:`mgsr_lightning.cross_tokenizer.vocabulary_map`) are compared entry by entry, and everything else is
+one "rest" entry per side. With ``o`` the side's observed first token of the group:
 
-    x_s = ( g_s(student_shared_ids[0]), .., g_s(student_shared_ids[S−1]),  1 − Σ_j g_s(student_shared_ids[j]) )
+    x_s = ( g_s(o_s),  g_s(student_shared_ids[0]), .., g_s(student_shared_ids[S−1]),  rest_s ),
+          shared entry j set to 0 where its string is o_s or o_t,   rest_s = 1 − (the other entries)
     x_t  likewise on the teacher side;   loss = D(x_t ‖ x_s)
 
-``x`` is a probability vector over ``S + 1`` outcomes ("the group starts with shared token j and
-continues as observed", and "anything else"), so ``D`` is any divergence of
-:data:`mgsr_lightning.losses.divergences.DIVERGENCES` or DAC-KL, applied unchanged. The rest entry is
-``c · (mass of unshared first tokens) + (1 − c)``, written in log space.
+``x`` is a probability vector over ``S + 2`` outcomes ("the group's text", "the group starts with shared
+token j, the observed first token of neither side, and continues as observed", and "anything else"), so
+``D`` is any divergence of :data:`mgsr_lightning.losses.divergences.DIVERGENCES` or DAC-KL, applied
+unchanged. The rest entry is ``c · (mass of the other first tokens) + (1 − c)``, written in log space.
+
+Why the group's text is its own entry: where the two sides cut a group differently, their first tokens are
+different strings (the student's one token "Bulen" against the teacher's "B", "ul", "en"), and "starts
+with shared token j and continues as observed" is not the same event on both sides. Matched by string, the
+teacher's probability of the whole name would land on the student's "B" (a start the student continues
+otherwise) and the student's "Bulen" in its rest entry, so the loss would push the right token down; on
+facts' test answers one group in ten is cut differently, among them most names. With the observed text as
+one entry, both sides give the probability of the same characters; a shared string that is the other side's
+first token (the student's "B" where the teacher starts "B", "ul", "en" and the student "Bulen") would again
+be two different events, so it goes to the rest on both sides. Where the first tokens are the same string
+(every one-to-one group), the entry is only moved, so nothing changes for divergences that sum over entries
+(all of them, and DAC-KL, which orders the entries by the teacher's probability).
 
 Why one "rest" entry and not ULD for the unmatched mass: (1) the loss stays one divergence between two
 distributions, zero iff they agree on every shared string and on the total unshared mass, with no second
@@ -102,9 +116,9 @@ def group_log_probs(logits: Tensor, ids: Tensor, groups: Tensor, rows: Tensor, n
     """One side's group distributions at the compared groups (module docstring: ``log g = log P(y_1 = ·) + log c``).
 
     logits [B, T, V], ids [B, T], groups [B, T] (−1 = none), rows [P]: flat group indices ``b·G + g``.
-    Returns ``(first_log_probs [P, V], log_continuation [P])``: the log-probabilities at each group's first
-    token and the summed log-probability of the group's other (observed) tokens, float32. Only the rows
-    of ``rows``' groups are read.
+    Returns ``(first_log_probs [P, V], log_continuation [P], first_ids [P])``: the log-probabilities at each
+    group's first token, the summed log-probability of the group's other (observed) tokens, float32, and the
+    observed first token's id. Only the rows of ``rows``' groups are read.
     """
     batch, length = groups.shape
     selected = torch.zeros(batch * num_groups + 1, dtype=torch.bool, device=groups.device)
@@ -122,7 +136,7 @@ def group_log_probs(logits: Tensor, ids: Tensor, groups: Tensor, rows: Tensor, n
     later_logits = flat_logits[position[later]]  # [Q, V]
     later_log_probs = log_softmax(later_logits, temperature).gather(-1, ids[later][:, None]).squeeze(-1)  # [Q]
     continuation = first_log_probs.new_zeros(batch * num_groups).index_add(0, key[later], later_log_probs)
-    return first_log_probs, continuation[rows]
+    return first_log_probs, continuation[rows], ids.reshape(-1)[first_position[rows]]
 
 
 def uld_loss(student_logits: Tensor, teacher_logits: Tensor, groups: AlignedGroups, *, temperature: float = 1.0,
@@ -151,7 +165,7 @@ def uld_loss(student_logits: Tensor, teacher_logits: Tensor, groups: AlignedGrou
 def _sorted_group_probs(logits: Tensor, ids: Tensor, token_groups: Tensor, rows: Tensor, groups: AlignedGroups,
                         temperature: float) -> Tensor:
     """g at each compared group in descending order, [P, V]."""
-    first_log_probs, continuation = group_log_probs(logits, ids, token_groups, rows, groups.num_groups, temperature)
+    first_log_probs, continuation, _ = group_log_probs(logits, ids, token_groups, rows, groups.num_groups, temperature)
     return (first_log_probs.sort(-1, descending=True).values + continuation[:, None]).exp()
 
 
@@ -208,10 +222,14 @@ def exact_match_loss(
     params = dict(params or {})
 
     def values(chunk_rows: Tensor) -> Tensor:  # [n] -> [n, 1 + d]: the loss, then DAC-KL's diagnostics
-        student = _shared_and_rest(student_logits, groups.student_ids, groups.student_groups, chunk_rows, groups,
-                                   student_shared_ids, temperature)
-        teacher = _shared_and_rest(teacher_logits, groups.teacher_ids, groups.teacher_groups, chunk_rows, groups,
-                                   teacher_shared_ids, temperature)
+        student = group_log_probs(student_logits, groups.student_ids, groups.student_groups, chunk_rows,
+                                  groups.num_groups, temperature)
+        teacher = group_log_probs(teacher_logits, groups.teacher_ids, groups.teacher_groups, chunk_rows,
+                                  groups.num_groups, temperature)
+        # a shared string that is either side's observed first token: in neither side's shared entries
+        excluded = (student_shared_ids[None] == student[2][:, None]) | (teacher_shared_ids[None] == teacher[2][:, None])
+        student = _text_shared_and_rest(*student, student_shared_ids, excluded)
+        teacher = _text_shared_and_rest(*teacher, teacher_shared_ids, excluded)
         # the projected vectors are log-probabilities already: log_softmax leaves them as they are (τ applied above)
         if divergence != "dac_kl":
             return DIVERGENCES[divergence](student[None], teacher[None], reduction="none", **params)[0][:, None]
@@ -226,14 +244,19 @@ def exact_match_loss(
     return _reduce(per_group[:, 0], rows, groups.group_mask, reduction), diagnostics
 
 
-def _shared_and_rest(logits: Tensor, ids: Tensor, token_groups: Tensor, rows: Tensor, groups: AlignedGroups,
-                     shared_ids: Tensor, temperature: float) -> Tensor:
-    """log x at each compared group: the shared strings' log g, then log of the rest, [P, S + 1]."""
-    first_log_probs, continuation = group_log_probs(logits, ids, token_groups, rows, groups.num_groups, temperature)
-    shared = first_log_probs[:, shared_ids] + continuation[:, None]  # [P, S]
-    unshared = first_log_probs.index_fill(-1, shared_ids, float("-inf"))  # [P, V]
-    rest = _log_add(_log_sum_exp(unshared) + continuation, _log_one_minus_exp(continuation))  # [P]
-    return torch.cat([shared, rest[:, None]], -1)
+def _text_shared_and_rest(first_log_probs: Tensor, continuation: Tensor, first_ids: Tensor, shared_ids: Tensor,
+                          excluded: Tensor) -> Tensor:
+    """log x at each compared group, [P, S + 2]: the group's text, the shared strings' log g (−inf where
+    ``excluded`` [P, S], the strings that are either side's observed first token), then log of the rest (every
+    other first token, the excluded shared strings' included, and the unobserved continuations)."""
+    observed = first_log_probs.gather(-1, first_ids[:, None]).squeeze(-1) + continuation  # [P]: the group's text
+    others = first_log_probs.scatter(-1, first_ids[:, None], float("-inf"))  # [P, V]: the observed first token out
+    shared = (others[:, shared_ids] + continuation[:, None]).masked_fill(excluded, float("-inf"))  # [P, S]
+    kept = torch.zeros_like(others, dtype=torch.bool)
+    kept[:, shared_ids] = ~excluded
+    rest_first = others.masked_fill(kept, float("-inf"))  # [P, V]: the first tokens in the rest entry
+    rest = _log_add(_log_sum_exp(rest_first) + continuation, _log_one_minus_exp(continuation))  # [P]
+    return torch.cat([observed[:, None], shared, rest[:, None]], -1)
 
 
 def _log_sum_exp(log_values: Tensor) -> Tensor:

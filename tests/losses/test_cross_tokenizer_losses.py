@@ -86,13 +86,22 @@ def uld_reference(student_logits, teacher_logits, groups, temperature, reduction
     return _reduce(values, reduction, groups.group_mask.shape)
 
 
+def _first_id(ids: torch.Tensor, groups: torch.Tensor, b: int, g: int) -> int:
+    return int(ids[b, [t for t in range(groups.size(1)) if groups[b, t] == g][0]])
+
+
 def projected_reference(student_logits, teacher_logits, groups, shared, temperature, b, g):
-    """The [S + 1] probability vectors of one group: shared strings, then the rest."""
+    """The [S + 2] probability vectors of one group: the group's text (its observed first token), the shared
+    strings (0 at either side's observed first token), then the rest."""
     student, teacher = _both(student_logits, teacher_logits, groups, b, g, temperature)
+    firsts = (_first_id(groups.student_ids, groups.student_groups, b, g),
+              _first_id(groups.teacher_ids, groups.teacher_groups, b, g))
+    # shared entry j is out (to the rest) on both sides where its string is either side's observed first token
+    out = [int(s) == firsts[0] or int(t) == firsts[1] for s, t in zip(shared[0].tolist(), shared[1].tolist())]
     vectors = []
-    for probs, ids in ((student, shared[0]), (teacher, shared[1])):
-        kept = [probs[i] for i in ids.tolist()]
-        vectors.append(kept + [max(1.0 - sum(kept), 0.0)])
+    for probs, ids, observed in ((student, shared[0], firsts[0]), (teacher, shared[1], firsts[1])):
+        kept = [0.0 if drop else probs[i] for i, drop in zip(ids.tolist(), out)]
+        vectors.append([probs[observed], *kept, max(1.0 - probs[observed] - sum(kept), 0.0)])
     return vectors
 
 
@@ -240,3 +249,24 @@ def test_chunks_give_the_same_loss_and_gradients_to_the_student_and_clip_net():
     for plain, chunked in zip(grads, chunked_grads):
         torch.testing.assert_close(chunked, plain)
     assert grads[1].abs().sum() > 0  # ClipNet learns through the loss
+
+
+def test_a_name_cut_differently_is_compared_as_its_text():
+    """The student spells "Bulen" in one token, the teacher as "B", "ul", "en"; "B" and "x" are shared. Both
+    give the name 0.9 (the teacher through "B" then certain continuations), so the loss is 0: the teacher's
+    probability of the name is not matched against the student's "B", a start the student continues otherwise."""
+    student_logits = torch.tensor([[0.05, 0.9, 0.05]]).log()[None]  # B, Bulen, x
+    ninf = float("-inf")
+    teacher_logits = torch.tensor([[0.9, 0.025, 0.025, 0.05]]).log()  # B, ul, en, x
+    teacher_logits = torch.cat([teacher_logits, torch.tensor([[ninf, 0.0, ninf, ninf], [ninf, ninf, 0.0, ninf]])])[None]
+    groups = AlignedGroups(student_ids=torch.tensor([[1]]), student_groups=torch.tensor([[0]]),
+                           teacher_ids=torch.tensor([[0, 1, 2]]), teacher_groups=torch.tensor([[0, 0, 0]]),
+                           group_mask=torch.tensor([[True]]))
+    shared = (torch.tensor([0, 2]), torch.tensor([0, 3]))
+    loss, _ = exact_match_loss(student_logits, teacher_logits, groups, *shared)
+    assert float(loss) == pytest.approx(0.0, abs=1e-6)
+    # the student less sure of the name than the teacher: a positive loss whose gradient raises "Bulen"
+    student = torch.tensor([[0.3, 0.6, 0.1]]).log()[None].requires_grad_()
+    loss, _ = exact_match_loss(student, teacher_logits, groups, *shared)
+    loss.backward()
+    assert float(loss) > 0.05 and student.grad[0, 0, 1] < 0 < student.grad[0, 0, 0]
