@@ -172,8 +172,16 @@ def test_the_suites_scored_runs_stand_for_the_same_fits_and_the_benchmarks_own_r
     assert table["SFT"] == [mean_and_error([40.0, 39.0]), "–", "–", "0, 1", "0"]
     assert table["KD (same tokenizer)"][1:] == ["+2.50 ± nan", "–", "0", "0"]
     assert table["MGSR (same tokenizer)"][1:] == ["+3.00 ± nan", "–", "0", "0"]
-    save_weights(shared.init_runs / "facts" / "init" / "seed0" / "hf", 0, nudge=1e-3)  # another init student
-    assert benchmark.read_result(shared, "kd", 0) is None and benchmark.read_result(shared, "sft", 1)["seed"] == 1
+    init = shared.init_runs / "facts" / "init" / "seed0" / "hf"
+    save_weights(init, 0, nudge=1e-3)  # another init student: the suite's runs do not stand for this seed
+    assert benchmark.read_result(shared, "mgsr", 0) is None and benchmark.read_result(shared, "sft", 1)["seed"] == 1
+    save_weights(init, 0)
+    benchmark.keep_suite_results(shared)  # kept in the benchmark's results, marked: the table needs no run folder
+    kept = json.loads((shared.results / "runs" / "kd-seed0.json").read_text())
+    assert kept["from_suite"] == "kd" and kept["test"]["rougeL"] == 42.5
+    assert not (shared.results / "runs" / "kd-seed1.json").exists()
+    save_weights(init, 0, nudge=1e-3)  # a kept result no longer needs the run folders
+    assert benchmark.read_result(shared, "kd", 0)["from_suite"] == "kd"
 
 
 def test_init_as_is_takes_an_exported_init_student_without_training_or_checking_it(benchmark, layout, monkeypatch):
@@ -188,3 +196,21 @@ def test_init_as_is_takes_an_exported_init_student_without_training_or_checking_
     assert benchmark.init_student(layout, 0, {}) == ("--trained",)  # otherwise the suite's recipe decides
     assert benchmark.init_student(layout, 1, {}, as_is=True) == ("--trained",)  # nothing exported: trained
     assert len(trained) == 2
+
+
+def test_gold_rows_pair_with_sft_and_say_where_gold_did_not_run(benchmark, layout):
+    for seed, score in enumerate([40.0, 41.0, 42.0]):
+        write_result(layout, "sft", seed, score)
+    records = {"lmbda0-ce": {0: 41.0, 1: 41.5, 2: 43.5}, "lmbda0.5": {0: None, 1: None}}
+    for setting, seeds in records.items():
+        for seed, score in seeds.items():
+            record = {"status": "ok", "rougeL": score, "steps_per_s": 1.0 + seed} if score is not None else \
+                {"status": "failed", "reason": "IndexError: index out of range in self"}
+            (layout.results / f"gold-{setting}-seed{seed}.json").write_text(json.dumps(record))
+    table = cells_of(benchmark.render_gold_table(layout))
+    ce = table["TRL GOLD, ground truth only, + CE (uld_crossentropy_weight 1)"]
+    assert ce[:2] == [mean_and_error([41.0, 41.5, 43.5]), "+" + mean_and_error([1.0, 0.5, 1.5])]
+    assert ce[2:] == ["2.00", "0, 1, 2", "–"]
+    assert table["TRL GOLD, its defaults (on-policy share 0.5)"] == [
+        "–", "–", "–", "–", "seeds 0, 1: IndexError: index out of range in self"]
+    assert "TRL GOLD, ground truth only (lmbda 0)" not in table  # no file: no row

@@ -323,14 +323,62 @@ def render_table(layout: Layout) -> str:
     return "\n".join(lines) + "\n"
 
 
+# TRL's GOLD on the same pair (gold.py), one file per setting and training seed: gold-<setting>-seed<k>.json
+GOLD_SETTINGS = {
+    "lmbda0.5": "TRL GOLD, its defaults (on-policy share 0.5)",
+    "lmbda0": "TRL GOLD, ground truth only (lmbda 0)",
+    "lmbda0-ce": "TRL GOLD, ground truth only, + CE (uld_crossentropy_weight 1)",
+}
+
+
+def render_gold_table(layout: Layout) -> str:
+    """GOLD's rows beside the table: test ROUGE-L over training seeds, the paired difference against our SFT
+    row, steps/s (a mean over its runs), and the seeds on which GOLD did not run (with the first reason)."""
+    sft = scores_of(layout, "sft")
+    lines = ["| TRL GOLD setting | test ROUGE-L | − SFT (paired) | steps/s | training seeds | did not run |",
+             "|---|:---:|:---:|:---:|:---:|---|"]
+    for setting, label in GOLD_SETTINGS.items():
+        records = {seed: json.loads(path.read_text()) for seed in TRAIN_SEEDS
+                   if (path := layout.results / f"gold-{setting}-seed{seed}.json").is_file()}
+        if not records:
+            continue
+        scores = {seed: r["rougeL"] for seed, r in records.items() if r["status"] == "ok" and r.get("rougeL") is not None}
+        failed = {seed: r.get("reason", "") for seed, r in records.items() if r["status"] != "ok"}
+        score = "{:.2f} ± {:.2f}".format(*mean_se(list(scores.values()))) if scores else "–"
+        gain = paired_gain(scores, sft)
+        difference = f"{gain[0]:+.2f} ± {gain[1]:.2f}" if gain else "–"
+        speeds = [r["steps_per_s"] for r in records.values() if r.get("steps_per_s")]
+        speed = f"{sum(speeds) / len(speeds):.2f}" if speeds else "–"
+        reason = f"seeds {', '.join(map(str, failed))}: {next(iter(failed.values()))}" if failed else "–"
+        lines.append(f"| {label} | {score} | {difference} | {speed} | "
+                     f"{', '.join(map(str, sorted(scores))) or '–'} | {reason} |")
+    return "\n".join(lines) + "\n" if len(lines) > 2 else ""
+
+
+def keep_suite_results(layout: Layout) -> None:
+    """Copy each suite run that stands for a row (its init student checked) into this benchmark's results, marked
+    ``from_suite``, so that the table is rebuilt without the run folders (a clone has none)."""
+    for name, spec in ROWS.items():
+        for seed in TRAIN_SEEDS if spec.get("suite") else ():
+            result = read_result(layout, name, seed)
+            if result and result.get("from_suite") and not result_path(layout, name, seed).is_file():
+                result_path(layout, name, seed).parent.mkdir(parents=True, exist_ok=True)
+                result_path(layout, name, seed).write_text(json.dumps(result, indent=1) + "\n")
+
+
 def table(layout: Layout) -> None:
+    keep_suite_results(layout)
     text = render_table(layout)
+    gold = render_gold_table(layout)
+    text += "\n" + gold if gold else ""
     notes = ["", "Test ROUGE-L: per training seed the mean over facts' five sampling seeds; then mean ± standard "
              "error over training seeds (nan with one seed). − SFT: the mean ± standard error of the seed-by-seed "
              "differences. Share: the row's gain over SFT over the gain of its method's same-tokenizer row "
              "(KD or MGSR). From the suite: the training seeds whose run is the suite's test-phase run of the same fit "
              "(experiments/results/suite/runs/facts/; the same SFT-initialised weights, bit for bit), read rather "
-             "than trained again. Rows and commands: README.md."]
+             "than trained again. TRL GOLD (experiments/cross_tokenizer/gold.py, gold-<setting>-seed<k>.json): "
+             "from the same SFT-initialised students, its last step scored as our rows are; steps/s on the "
+             "shared 2-core machine, beside the other trainings. Rows and commands: README.md."]
     layout.results.mkdir(parents=True, exist_ok=True)
     (layout.results / "table.md").write_text(text + "\n".join(notes) + "\n")
     print(text)
