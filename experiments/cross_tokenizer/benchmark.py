@@ -1,4 +1,4 @@
-"""Issue 42's benchmark: distilling across tokenizers on the embedded ``facts`` family.
+"""The cross-tokenizer benchmark: distilling across tokenizers on the embedded ``facts`` family.
 
 The teacher side is a second facts teacher, trained with its own tokenizer: a byte-level BPE of 640 tokens
 (the package's ``train_bpe_tokenizer``) learnt from the prompts as the configs render them (``plain``), where
