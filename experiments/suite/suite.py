@@ -266,7 +266,7 @@ def table(grid: dict) -> None:
         rows.append(("MGSR (paper's reading)", "mgsr_paper"))
     sft = {family: test_scores(family, "sft") for family in families}
     lines = ["| Method | " + " | ".join(families) + " | mean gain over SFT |", "|---|" + ":---:|" * (len(families) + 1)]
-    paired_lines = []
+    paired_lines, paired = [], {}  # paired: label -> {family: (mean, se)}, for the chart
     for label, name in rows:
         cells, gains, errors = [], [], []
         for family in families:
@@ -281,6 +281,7 @@ def table(grid: dict) -> None:
                 d_mean, d_se = mean_se(diffs)
                 gains.append(d_mean)
                 errors.append(d_se)
+                paired.setdefault(label, {})[family] = (d_mean, d_se)
                 paired_lines.append(f"- {label} − SFT, {family}: {d_mean:+.2f} ± {d_se:.2f} (paired over "
                                     f"{len(diffs)} training seeds)")
         if name == "sft":
@@ -295,7 +296,32 @@ def table(grid: dict) -> None:
     text = "\n".join(lines) + "\n\nRows:\n\n" + "\n".join(configs) + "\n\nPaired differences against SFT:\n\n" \
         + "\n".join(paired_lines) + "\n"
     (RESULTS / "table.md").write_text(text)
+    if paired:
+        plot_test_gains(paired, families, RESULTS / "chart.png")
     print(text)
+
+
+def plot_test_gains(paired: dict[str, dict[str, tuple[float, float]]], families: list[str], out: Path) -> None:
+    """chart.png: each row's test ROUGE-L gain over SFT per family (paired over training seeds), ± its error."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = list(paired)
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(labels) + 1.5))
+    height = 0.8 / len(families)
+    for k, family in enumerate(families):
+        values = [paired[label].get(family, (math.nan, math.nan)) for label in labels]
+        ax.barh([i + k * height for i in range(len(labels))], [v[0] for v in values], height,
+                xerr=[0.0 if math.isnan(v[1]) else v[1] for v in values], label=family, capsize=2)
+    ax.set_yticks([i + 0.4 - height / 2 for i in range(len(labels))], labels, fontsize=9)
+    ax.axvline(0, color="black", linewidth=0.8)
+    ax.invert_yaxis()
+    ax.set_xlabel("test ROUGE-L gain over SFT (paired over training seeds, ± standard error)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
 
 
 # --- part by part ---------------------------------------------------------------------------------------
