@@ -64,7 +64,8 @@ ROWS: dict[str, dict] = {
     # ULD as its paper trains it, with the ground-truth cross-entropy: alone (KD's sft_weight 0) it compares
     # probabilities sorted by size, not which token holds them, and a first run fell to 29.7 ROUGE-L (seed 1)
     "kd_uld_cross": {"label": "KD, cross-tokenizer (ULD)", "config": "kd", "cross": True,
-                     "overrides": {"model.init_args.distill.cross_tokenizer": "uld", "model.init_args.sft_weight": 1.0}},
+                     "overrides": {"model.init_args.distill.cross_tokenizer": "uld",
+                                   "model.init_args.sft_weight": 1.0}},
     "kd_exact_cross": {"label": "KD, cross-tokenizer (exact match)", "config": "kd", "cross": True,
                        "overrides": {"model.init_args.distill.cross_tokenizer": "exact_match"}},
     # MGSR's default (DAC-KL's rest variant over alpha-beta, on fresh student outputs at every step, SCRG) with
@@ -342,7 +343,8 @@ def render_gold_table(layout: Layout) -> str:
                    if (path := layout.results / f"gold-{setting}-seed{seed}.json").is_file()}
         if not records:
             continue
-        scores = {seed: r["rougeL"] for seed, r in records.items() if r["status"] == "ok" and r.get("rougeL") is not None}
+        scores = {seed: r["rougeL"] for seed, r in records.items()
+                  if r["status"] == "ok" and r.get("rougeL") is not None}
         failed = {seed: r.get("reason", "") for seed, r in records.items() if r["status"] != "ok"}
         score = "{:.2f} ± {:.2f}".format(*mean_se(list(scores.values()))) if scores else "–"
         gain = paired_gain(scores, sft)
