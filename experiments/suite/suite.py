@@ -213,24 +213,30 @@ def screen(grid: dict) -> None:
     lines += [f"- {method}: **{name}**" for method, name in winners.items()]
     (RESULTS / "screening.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    plot_screening(rows, families, RESULTS / "screening.png")
+    plot_family_gains({row["label"]: {family: (row["gain"][family], math.nan) for family in families} for row in rows},
+                      families, "validation ROUGE-L gain over SFT (training seed 0)", RESULTS / "screening.png")
 
 
-def plot_screening(rows: list[dict], families: list[str], out: Path) -> None:
+def plot_family_gains(gains: dict[str, dict[str, tuple[float, float]]], families: list[str], xlabel: str,
+                      out: Path) -> None:
+    """A bar per row and family: ``gains[label][family]`` is (gain over SFT, its error; nan draws no error bar)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(10, 0.35 * len(rows) + 1.5))
+    labels = list(gains)
+    fig, ax = plt.subplots(figsize=(10, 0.4 * len(labels) + 1.5))
     height = 0.8 / len(families)
     for k, family in enumerate(families):
-        ax.barh([i + k * height for i in range(len(rows))], [row["gain"][family] for row in rows], height,
-                label=family)
-    ax.set_yticks([i + 0.4 - height / 2 for i in range(len(rows))], [row["label"] for row in rows], fontsize=8)
+        values = [gains[label].get(family, (math.nan, math.nan)) for label in labels]
+        errors = [0.0 if math.isnan(v[1]) else v[1] for v in values]
+        ax.barh([i + k * height for i in range(len(labels))], [v[0] for v in values], height,
+                xerr=errors if any(errors) else None, label=family, capsize=2)
+    ax.set_yticks([i + 0.4 - height / 2 for i in range(len(labels))], labels, fontsize=8)
     ax.axvline(0, color="black", linewidth=0.8)
     ax.invert_yaxis()
-    ax.set_xlabel("validation ROUGE-L gain over SFT (training seed 0)")
+    ax.set_xlabel(xlabel)
     ax.legend()
     fig.tight_layout()
     fig.savefig(out, dpi=120)
@@ -290,38 +296,15 @@ def table(grid: dict) -> None:
             gain = f"{sum(gains) / len(gains):+.2f} ± {math.sqrt(sum(e * e for e in errors)) / len(errors):.2f}"
         else:
             gain = "–"
-        shown = label if name in ("sft", "kd") else f"{label}"
-        lines.append(f"| {shown} | " + " | ".join(cells) + f" | {gain} |")
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {gain} |")
     configs = [f"- {label}: `{name}` ({named.get(name, {}).get('label', name)})" for label, name in rows]
     text = "\n".join(lines) + "\n\nRows:\n\n" + "\n".join(configs) + "\n\nPaired differences against SFT:\n\n" \
         + "\n".join(paired_lines) + "\n"
     (RESULTS / "table.md").write_text(text)
     if paired:
-        plot_test_gains(paired, families, RESULTS / "chart.png")
+        plot_family_gains(paired, families, "test ROUGE-L gain over SFT (paired over training seeds, ± standard error)",
+                          RESULTS / "chart.png")
     print(text)
-
-
-def plot_test_gains(paired: dict[str, dict[str, tuple[float, float]]], families: list[str], out: Path) -> None:
-    """chart.png: each row's test ROUGE-L gain over SFT per family (paired over training seeds), ± its error."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    labels = list(paired)
-    fig, ax = plt.subplots(figsize=(9, 0.45 * len(labels) + 1.5))
-    height = 0.8 / len(families)
-    for k, family in enumerate(families):
-        values = [paired[label].get(family, (math.nan, math.nan)) for label in labels]
-        ax.barh([i + k * height for i in range(len(labels))], [v[0] for v in values], height,
-                xerr=[0.0 if math.isnan(v[1]) else v[1] for v in values], label=family, capsize=2)
-    ax.set_yticks([i + 0.4 - height / 2 for i in range(len(labels))], labels, fontsize=9)
-    ax.axvline(0, color="black", linewidth=0.8)
-    ax.invert_yaxis()
-    ax.set_xlabel("test ROUGE-L gain over SFT (paired over training seeds, ± standard error)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
 
 
 # --- part by part ---------------------------------------------------------------------------------------
