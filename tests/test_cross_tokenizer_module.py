@@ -46,6 +46,14 @@ def fit_across(assets, teacher_side, run_dir, method: str, *extra: str):
                     f"--data.teacher_tokenizer={teacher_side['tokenizer']}", *extra])
 
 
+def module_across(assets, teacher_side, **kwargs) -> DistillLightningModule:
+    """The tiny student and the teacher with its own tokenizer, unconfigured; ``kwargs`` the module's other args."""
+    return DistillLightningModule(
+        student=ModelSource(name_or_path=str(assets["models"]["gpt2"]["student"])),
+        teacher=ModelSource(name_or_path=str(teacher_side["teacher"])),
+        tokenizer=str(assets["tokenizer"]), teacher_tokenizer=str(teacher_side["tokenizer"]), **kwargs)
+
+
 def student_weights(assets) -> dict[str, torch.Tensor]:
     from transformers import AutoModelForCausalLM
 
@@ -134,35 +142,21 @@ def test_a_teacher_with_another_vocabulary_and_no_teacher_tokenizer_says_how_to_
 def test_what_does_not_work_across_tokenizers_yet_is_refused_in_one_line(tiny_assets, teacher_side):
     from mgsr_lightning.losses.objective import SpanLoss
 
-    module = DistillLightningModule(
-        student=ModelSource(name_or_path=str(tiny_assets["models"]["gpt2"]["student"])),
-        teacher=ModelSource(name_or_path=str(teacher_side["teacher"])),
-        tokenizer=str(tiny_assets["tokenizer"]), teacher_tokenizer=str(teacher_side["tokenizer"]),
-        distill=DistillLoss(), span=SpanLoss(weight=1.0), regime=RegimeConfig(name="on_policy"),
-    )
+    module = module_across(tiny_assets, teacher_side, distill=DistillLoss(), span=SpanLoss(weight=1.0),
+                           regime=RegimeConfig(name="on_policy"))
     with pytest.raises(ConfigError, match=r"does not support span \(weight > 0\) yet"):
         module.configure_model()
 
 
 def test_forward_kl_to_an_empty_rest_entry_is_refused_in_one_line(tiny_assets, teacher_side):
-    module = DistillLightningModule(
-        student=ModelSource(name_or_path=str(tiny_assets["models"]["gpt2"]["student"])),
-        teacher=ModelSource(name_or_path=str(teacher_side["teacher"])),
-        tokenizer=str(tiny_assets["tokenizer"]), teacher_tokenizer=str(teacher_side["tokenizer"]),
-        distill=DistillLoss(name="forward_kl"),
-    )
+    module = module_across(tiny_assets, teacher_side, distill=DistillLoss(name="forward_kl"))
     with pytest.raises(ConfigError, match="every student token is in the other vocabulary"):
         module.configure_model()
 
 
 @pytest.mark.parametrize("sft_weight", [0.0, 1.0])
 def test_uld_without_the_cross_entropy_term_warns(tiny_assets, teacher_side, sft_weight, recwarn):
-    module = DistillLightningModule(
-        student=ModelSource(name_or_path=str(tiny_assets["models"]["gpt2"]["student"])),
-        teacher=ModelSource(name_or_path=str(teacher_side["teacher"])),
-        tokenizer=str(tiny_assets["tokenizer"]), teacher_tokenizer=str(teacher_side["tokenizer"]),
-        distill=DistillLoss(cross_tokenizer="uld"), sft_weight=sft_weight,
-    )
+    module = module_across(tiny_assets, teacher_side, distill=DistillLoss(cross_tokenizer="uld"), sft_weight=sft_weight)
     module.configure_model()
     warned = [str(w.message) for w in recwarn if "ULD compares" in str(w.message)]
     assert len(warned) == (1 if sft_weight == 0 else 0)
@@ -185,13 +179,8 @@ def test_mgsr_with_scrg_through_text_trains_on_student_rollouts(tiny_assets, tea
 def test_scrg_s_max_difference_is_refused_across_tokenizers(tiny_assets, teacher_side):
     from mgsr_lightning.scrg.revise import ScrgConfig
 
-    module = DistillLightningModule(
-        student=ModelSource(name_or_path=str(tiny_assets["models"]["gpt2"]["student"])),
-        teacher=ModelSource(name_or_path=str(teacher_side["teacher"])),
-        tokenizer=str(tiny_assets["tokenizer"]), teacher_tokenizer=str(teacher_side["tokenizer"]),
-        distill=DistillLoss(name="generalized_jsd"), regime=RegimeConfig(name="on_policy"),
-        scrg=ScrgConfig(criterion="max_difference"),
-    )
+    module = module_across(tiny_assets, teacher_side, distill=DistillLoss(name="generalized_jsd"),
+                           regime=RegimeConfig(name="on_policy"), scrg=ScrgConfig(criterion="max_difference"))
     with pytest.raises(ConfigError, match="scrg.criterion max_difference"):
         module.configure_model()
 
@@ -202,12 +191,8 @@ def test_replayed_and_re_tokenised_rows_give_the_teacher_the_paired_batch_s_toke
     own teacher side, and the same loss (the EOS pair's group is numbered apart, after every row's groups)."""
     from mgsr_lightning.batch import TrainingSequences
 
-    module = DistillLightningModule(
-        student=ModelSource(name_or_path=str(tiny_assets["models"]["gpt2"]["student"])),
-        teacher=ModelSource(name_or_path=str(teacher_side["teacher"])),
-        tokenizer=str(tiny_assets["tokenizer"]), teacher_tokenizer=str(teacher_side["tokenizer"]), max_length=80,
-        distill=DistillLoss(name="generalized_jsd"), regime=RegimeConfig(name="adaptive_off_policy"),
-    )
+    module = module_across(tiny_assets, teacher_side, max_length=80, distill=DistillLoss(name="generalized_jsd"),
+                           regime=RegimeConfig(name="adaptive_off_policy"))
     module.configure_model()
     data = InstructionDataModule(tokenizer=str(tiny_assets["tokenizer"]),
                                  teacher_tokenizer=str(teacher_side["tokenizer"]),
