@@ -363,11 +363,16 @@ def keep_suite_results(layout: Layout) -> None:
     """Copy each suite run that stands for a row (its init student checked) into this benchmark's results, marked
     ``from_suite``, so that the table is rebuilt without the run folders (a clone has none)."""
     for name, spec in ROWS.items():
-        for seed in TRAIN_SEEDS if spec.get("suite") else ():
+        if not spec.get("suite"):
+            continue
+        for seed in TRAIN_SEEDS:
+            path = result_path(layout, name, seed)
+            if path.is_file():  # kept already, or the benchmark's own run
+                continue
             result = read_result(layout, name, seed)
-            if result and result.get("from_suite") and not result_path(layout, name, seed).is_file():
-                result_path(layout, name, seed).parent.mkdir(parents=True, exist_ok=True)
-                result_path(layout, name, seed).write_text(json.dumps(result, indent=1) + "\n")
+            if result and result.get("from_suite"):
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps(result, indent=1) + "\n")
 
 
 def table(layout: Layout) -> None:
